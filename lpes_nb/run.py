@@ -1,0 +1,96 @@
+"""Run the numbered notebooks in order under papermill: ``python -m lpes_nb.run --profile cpu``.
+
+Executed copies go to ``runs/<profile>/``; ``--publish`` copies them back over ``notebooks/`` (what
+is committed for readers is the ``cpu`` run). A failing cell stops the run with a message naming
+the notebook and the cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+PROFILES = ("smoke", "cpu", "paper")
+
+
+def discover(notebook_dir: Path) -> list[Path]:
+    """The numbered notebooks (``NN_name.ipynb``) in reading order."""
+    return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
+
+
+def select(notebooks: list[Path], only: list[str] | None = None, start: str | None = None) -> list[Path]:
+    """Filter by ``--only`` (number prefixes or names) and ``--from`` (first notebook to run)."""
+
+    def matches(path: Path, key: str) -> bool:
+        return path.stem == key or path.stem.startswith(f"{key}_") or path.name == key
+
+    chosen = notebooks
+    if start is not None:
+        hits = [i for i, p in enumerate(notebooks) if matches(p, start)]
+        if not hits:
+            raise ValueError(f"--from {start!r} matches no notebook; have {[p.stem for p in notebooks]}")
+        chosen = notebooks[hits[0]:]
+    if only:
+        unknown = [k for k in only if not any(matches(p, k) for p in notebooks)]
+        if unknown:
+            raise ValueError(f"--only {unknown} match no notebook; have {[p.stem for p in notebooks]}")
+        chosen = [p for p in chosen if any(matches(p, k) for k in only)]
+    return chosen
+
+
+def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | None = None) -> list[dict]:
+    """Execute each notebook; raise SystemExit with a clear message at the first failing cell."""
+    import papermill
+
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timings = []
+    for i, nb in enumerate(notebooks, 1):
+        target = out_dir / nb.name
+        print(f"[run] ({i}/{len(notebooks)}) {nb.name}  profile={profile}", flush=True)
+        start = time.perf_counter()
+        try:
+            papermill.execute_notebook(
+                str(nb), str(target), parameters={"profile": profile, **(parameters or {})},
+                cwd=str(nb.parent), progress_bar=True, kernel_name="python3",
+            )
+        except papermill.PapermillExecutionError as err:
+            raise SystemExit(
+                f"[run] FAILED: {nb.name}, cell {err.cell_index} (execution count {err.exec_count}): "
+                f"{err.ename}: {err.evalue}\n[run] the partially executed notebook is {target}"
+            ) from None
+        seconds = time.perf_counter() - start
+        timings.append({"notebook": nb.name, "profile": profile, "seconds": round(seconds, 1)})
+        print(f"[run] done {nb.name} in {seconds:.1f} s", flush=True)
+    return timings
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
+    parser.add_argument("--profile", choices=PROFILES, default="cpu")
+    parser.add_argument("--only", nargs="+", help="run only these notebooks (number prefixes or names)")
+    parser.add_argument("--from", dest="start", help="start at this notebook (number prefix or name)")
+    parser.add_argument("--notebooks", type=Path, default=Path("notebooks"))
+    parser.add_argument("--out", type=Path, help="run folder (default runs/<profile>)")
+    parser.add_argument("--publish", action="store_true", help="copy the executed notebooks back over notebooks/")
+    args = parser.parse_args(argv)
+
+    notebooks = select(discover(args.notebooks), args.only, args.start)
+    if not notebooks:
+        print(f"[run] no numbered notebooks in {args.notebooks}/ — nothing to do")
+        return
+    out_dir = args.out or Path("runs") / args.profile
+    timings = run(notebooks, args.profile, out_dir)
+    if args.publish:
+        for t in timings:
+            shutil.copyfile(out_dir / t["notebook"], args.notebooks / t["notebook"])
+    total = sum(t["seconds"] for t in timings)
+    print(f"[run] all {len(timings)} notebooks done in {total:.0f} s; executed copies in {out_dir}/", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

