@@ -1,0 +1,459 @@
+"""The curve-constrained genetic algorithm of LPES (Algorithm 1) and its per-layer variant. Pure numpy.
+
+Genomes live on an integer grid so they hash exactly: a Bézier genome is an (n, 2) int array of
+(x in layers, y in units of ``y_step``); a per-layer genome is an (L,) int array of scales in units
+of ``y_step``. A genome space decodes a genome into per-layer scales; the fitness is a callable on a
+batch of scales, shape (B, L) -> B scores (higher is better), so both genome spaces share it.
+
+One generation: keep the ``parents`` fittest (truncation selection); make ``crossovers`` children,
+each by swapping one random control point between two distinct parents and keeping the fitter of
+the two children (a pair is retried ``crossover_tries`` times, then replaced by a mutation); make
+``mutations`` children by mutating random parents. Invalid children (constraints broken, or a copy
+of a member of the new generation) are redrawn. No genome is ever scored twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .bezier import CURVES, Y_RANGE, default_control_points, layer_scales, smoothness
+
+Fitness = Callable[[np.ndarray], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class GAConfig:
+    """Hyperparameters; defaults are the paper's (Table 9 and App. B)."""
+
+    population: int = 32  # N_ps
+    parents: int = 12  # N_pa
+    generations: int = 20  # T: evolution steps after the initial population
+    mutations: int = 16  # N_mu
+    crossovers: int = 4  # N_cr
+    crossover_tries: int = 4  # N_ct
+    mx: int = 2  # M_x: x moves by an integer in [-M_x, M_x]
+    my: float = 0.2  # M_y: y moves by a multiple of y_step in [-M_y, M_y]
+    y_step: float = 0.1
+    max_redraws: int = 10_000  # an invalid child is redrawn at most this often before giving up
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("population", "parents", "generations", "mutations", "crossovers", "crossover_tries", "max_redraws"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name in ("generations", "crossovers") else 1):
+                raise ValueError(f"GAConfig.{name} must be a non-negative integer (>= 1 unless generations/crossovers), got {value!r}")
+        if self.parents + self.mutations + self.crossovers != self.population:
+            raise ValueError(
+                f"parents + mutations + crossovers must equal population: "
+                f"{self.parents} + {self.mutations} + {self.crossovers} != {self.population}"
+            )
+        if self.crossovers and self.parents < 2:
+            raise ValueError(f"crossover needs at least 2 parents, got parents={self.parents}")
+        if self.mx < 0 or self.my < 0 or self.y_step <= 0:
+            raise ValueError(f"need mx >= 0, my >= 0, y_step > 0; got mx={self.mx}, my={self.my}, y_step={self.y_step}")
+
+
+# --- genome spaces -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BezierSpace:
+    """Control points of a curve of ``degree`` (d + 1 points) over ``num_layers`` layers."""
+
+    num_layers: int
+    degree: int = 3
+    curve: str = "bezier"
+    y_range: tuple[float, float] = Y_RANGE
+    y_step: float = 0.1
+
+    def __post_init__(self):
+        if self.curve not in CURVES:
+            raise ValueError(f"unknown curve type {self.curve!r}; choose one of {CURVES}")
+        if self.num_layers < self.degree + 1:
+            raise ValueError(f"{self.degree + 1} control points need at least as many layers, got {self.num_layers}")
+        default_control_points(self.num_layers, self.degree)  # validates degree / num_layers
+
+    @property
+    def _y_grid(self) -> tuple[int, int]:
+        return round(self.y_range[0] / self.y_step), round(self.y_range[1] / self.y_step)
+
+    def first(self) -> np.ndarray:
+        """Eq. 8 on the grid: x_k = round(k (L - 1) / d), y_k = 1.5."""
+        pts = default_control_points(self.num_layers, self.degree, y=1.5)
+        return np.stack([np.rint(pts[:, 0]), np.rint(pts[:, 1] / self.y_step)], axis=1).astype(np.int64)
+
+    def random(self, rng: np.random.Generator) -> np.ndarray:
+        """A uniformly random valid genome (for the random-search baseline)."""
+        x = np.sort(rng.choice(self.num_layers, size=self.degree + 1, replace=False))
+        lo, hi = self._y_grid
+        return np.stack([x, rng.integers(lo, hi + 1, size=self.degree + 1)], axis=1).astype(np.int64)
+
+    def is_valid(self, g: np.ndarray) -> bool:
+        x, y = g[:, 0], g[:, 1]
+        lo, hi = self._y_grid
+        return bool(x[0] >= 0 and x[-1] <= self.num_layers - 1 and np.all(np.diff(x) > 0) and np.all((y >= lo) & (y <= hi)))
+
+    def mutate(self, g: np.ndarray, rng: np.random.Generator, cfg: GAConfig) -> np.ndarray:
+        """Eq. 9-10: every coordinate moves by a random grid step within +-M_x / +-M_y."""
+        my = round(cfg.my / self.y_step)
+        dx = rng.integers(-cfg.mx, cfg.mx + 1, size=len(g))
+        dy = rng.integers(-my, my + 1, size=len(g))
+        return g + np.stack([dx, dy], axis=1)
+
+    def crossover(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Swap one random control point (x and y together) between the parents."""
+        k = rng.integers(len(a))
+        ca, cb = a.copy(), b.copy()
+        ca[k], cb[k] = b[k], a[k]
+        return ca, cb
+
+    def decode(self, g: np.ndarray) -> np.ndarray:
+        pts = np.stack([g[:, 0].astype(float), g[:, 1] * self.y_step], axis=1)
+        return layer_scales(pts, self.num_layers, self.curve, self.y_range)
+
+    def control_points(self, g: np.ndarray) -> list[list[float]]:
+        return [[int(x), round(float(y) * self.y_step, 10)] for x, y in g]
+
+
+@dataclass(frozen=True)
+class PerLayerSpace:
+    """One scale per layer (the "brute-force" search of the smoothness study, Fig. 4).
+
+    Adapted operators: the initial population is U(y_range) on the grid; a mutation moves every
+    layer by a random grid step within +-M_y and clips to y_range (redrawing 30 independent
+    coordinates until all land inside would almost never succeed near the bounds); a crossover
+    swaps one random layer's scale."""
+
+    num_layers: int
+    y_range: tuple[float, float] = Y_RANGE
+    y_step: float = 0.1
+
+    @property
+    def _y_grid(self) -> tuple[int, int]:
+        return round(self.y_range[0] / self.y_step), round(self.y_range[1] / self.y_step)
+
+    def first(self) -> None:
+        return None  # no hand-made first individual: the whole initial population is random
+
+    def random(self, rng: np.random.Generator) -> np.ndarray:
+        lo, hi = self._y_grid
+        return rng.integers(lo, hi + 1, size=self.num_layers).astype(np.int64)
+
+    def is_valid(self, g: np.ndarray) -> bool:
+        lo, hi = self._y_grid
+        return bool(len(g) == self.num_layers and np.all((g >= lo) & (g <= hi)))
+
+    def mutate(self, g: np.ndarray, rng: np.random.Generator, cfg: GAConfig) -> np.ndarray:
+        my = round(cfg.my / self.y_step)
+        return np.clip(g + rng.integers(-my, my + 1, size=len(g)), *self._y_grid)
+
+    def crossover(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        k = rng.integers(len(a))
+        ca, cb = a.copy(), b.copy()
+        ca[k], cb[k] = b[k], a[k]
+        return ca, cb
+
+    def decode(self, g: np.ndarray) -> np.ndarray:
+        return g * self.y_step
+
+    def control_points(self, g: np.ndarray) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class TargetCurveFitness:
+    """Synthetic fitness with a known optimum: minus the RMSE to target scales. Used to check the
+    search itself; a module-level class so that it pickles for process pools and Ray workers."""
+
+    target: tuple[float, ...]
+
+    def __call__(self, scales: np.ndarray) -> np.ndarray:
+        return -np.sqrt(((np.asarray(scales) - np.asarray(self.target)) ** 2).mean(axis=1))
+
+
+def _key(g: np.ndarray) -> str:
+    return json.dumps(np.asarray(g).tolist())
+
+
+# --- evaluation backends ---------------------------------------------------------------------------
+
+
+def evaluate_in_process(fitness: Fitness, scales: np.ndarray) -> np.ndarray:
+    return np.asarray(fitness(scales), dtype=float)
+
+
+@dataclass
+class ExecutorBackend:
+    """Score each individual as its own task on a ``concurrent.futures.Executor``."""
+
+    executor: Executor
+
+    def __call__(self, fitness: Fitness, scales: np.ndarray) -> np.ndarray:
+        futures = [self.executor.submit(fitness, scales[i : i + 1]) for i in range(len(scales))]
+        return np.array([float(np.asarray(f.result())[0]) for f in futures])
+
+
+@dataclass
+class RayBackend:
+    """Score each individual as a Ray task (``pip install lpes-nb[ray]``); connects to a running
+    cluster if ``ray.init`` was called, else starts a local one with ``num_cpus``."""
+
+    num_cpus: int | None = None
+
+    def __call__(self, fitness: Fitness, scales: np.ndarray) -> np.ndarray:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
+        remote = ray.remote(lambda f, s: np.asarray(f(s), dtype=float))
+        fitness_ref = ray.put(fitness)
+        return np.array([float(r[0]) for r in ray.get([remote.remote(fitness_ref, scales[i : i + 1]) for i in range(len(scales))])])
+
+
+# --- the algorithm ---------------------------------------------------------------------------------
+
+
+@dataclass
+class GAResult:
+    best_genome: np.ndarray
+    best_scales: np.ndarray
+    best_fitness: float
+    history: pd.DataFrame  # one row per individual per generation
+    summary: pd.DataFrame  # one row per generation
+    evaluations: int  # distinct genomes scored
+    control_points: list | None = None
+
+    def save(self, directory: str | Path, name: str = "ga") -> Path:
+        """Write ``<name>_history.csv``, ``<name>_summary.csv`` and ``<name>_best.json`` (the scales
+        JSON format that the methods load)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.history.to_csv(directory / f"{name}_history.csv", index=False)
+        self.summary.to_csv(directory / f"{name}_summary.csv", index=False)
+        best = {
+            "scales": [round(float(s), 10) for s in self.best_scales],
+            "fitness": self.best_fitness,
+            "control_points": self.control_points,
+            "evaluations": self.evaluations,
+        }
+        _atomic_write(directory / f"{name}_best.json", json.dumps(best, indent=2) + "\n")
+        return directory / f"{name}_best.json"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class _State:
+    generation: int
+    population: list[np.ndarray]
+    cache: dict[str, float]
+    rng_state: dict
+    history: list[dict] = field(default_factory=list)
+
+
+class GeneticSearch:
+    """Run (and resume) the search. ``checkpoint`` (a JSON path) is rewritten atomically after
+    every generation; if it exists and belongs to the same configuration, the run resumes from it."""
+
+    def __init__(self, space, fitness: Fitness, config: GAConfig = GAConfig(), evaluate=evaluate_in_process,
+                 checkpoint: str | Path | None = None, progress: bool = True):
+        if config.y_step != space.y_step:
+            raise ValueError(f"GAConfig.y_step={config.y_step} differs from the space's y_step={space.y_step}")
+        self.space, self.fitness, self.config, self.evaluate = space, fitness, config, evaluate
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.progress = progress
+        self.state: _State | None = None
+
+    # identity of a run: everything that determines its trajectory except the fitness code itself
+    def _fingerprint(self) -> str:
+        desc = {"space": type(self.space).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.space).items()}, **asdict(self.config)}
+        return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _score(self, genomes: list[np.ndarray]) -> list[float]:
+        """Fitness of each genome, scoring only genomes never seen before (in one batch)."""
+        cache = self.state.cache
+        new, seen = [], set()
+        for g in genomes:
+            k = _key(g)
+            if k not in cache and k not in seen:
+                seen.add(k)
+                new.append(g)
+        if new:
+            scores = self.evaluate(self.fitness, np.stack([self.space.decode(g) for g in new]))
+            if len(scores) != len(new):
+                raise ValueError(f"fitness returned {len(scores)} scores for {len(new)} individuals")
+            for g, s in zip(new, scores):
+                if not np.isfinite(s):
+                    raise ValueError(f"fitness returned a non-finite score {s!r} for genome {g.tolist()}")
+                cache[_key(g)] = float(s)
+        return [cache[_key(g)] for g in genomes]
+
+    def _draw(self, make, taken: set[str], rng) -> np.ndarray:
+        for _ in range(self.config.max_redraws):
+            child = make(rng)
+            if self.space.is_valid(child) and _key(child) not in taken:
+                return child
+        raise RuntimeError(
+            f"no valid new individual after {self.config.max_redraws} draws; the search space is too small "
+            f"for population={self.config.population} (num_layers={self.space.num_layers})"
+        )
+
+    def _initial_population(self, rng) -> list[np.ndarray]:
+        first = self.space.first()
+        population, taken = [], set()
+        if first is not None:
+            population.append(first)
+            taken.add(_key(first))
+        while len(population) < self.config.population:
+            if first is not None:
+                child = self._draw(lambda r: self.space.mutate(first, r, self.config), taken, rng)
+            else:
+                child = self._draw(self.space.random, taken, rng)
+            population.append(child)
+            taken.add(_key(child))
+        return population
+
+    def _record(self, generation: int, population: list[np.ndarray], scores: list[float]) -> None:
+        for rank, i in enumerate(np.argsort(-np.asarray(scores), kind="stable")):
+            scales = self.space.decode(population[i])
+            self.state.history.append({
+                "generation": generation, "rank": rank, "genome": _key(population[i]), "fitness": scores[i],
+                "smoothness": smoothness(scales) if len(scales) >= 3 else float("nan"),
+                "scales": json.dumps([round(float(s), 10) for s in scales]),
+            })
+
+    def _next_generation(self, population: list[np.ndarray], scores: list[float], rng) -> list[np.ndarray]:
+        cfg = self.config
+        order = np.argsort(-np.asarray(scores), kind="stable")
+        parents = [population[i] for i in order[: cfg.parents]]
+        taken = {_key(p) for p in parents}
+        children: list[np.ndarray] = []
+        fallbacks = 0
+        for _ in range(cfg.crossovers):
+            pair = None
+            for _ in range(cfg.crossover_tries):
+                i, j = rng.choice(len(parents), size=2, replace=False)
+                ca, cb = self.space.crossover(parents[i], parents[j], rng)
+                ok = [c for c in (ca, cb) if self.space.is_valid(c) and _key(c) not in taken]
+                if ok:
+                    pair = ok
+                    break
+            if pair is None:
+                fallbacks += 1
+                continue
+            fit = self._score(pair)
+            child = pair[int(np.argmax(fit))]  # the fitter child (the first on a tie)
+            children.append(child)
+            taken.add(_key(child))
+        for _ in range(cfg.mutations + fallbacks):
+            parent = parents[rng.integers(len(parents))]
+            child = self._draw(lambda r: self.space.mutate(parent, r, cfg), taken, rng)
+            children.append(child)
+            taken.add(_key(child))
+        return parents + children
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint is None:
+            return
+        s = self.state
+        payload = {
+            "fingerprint": self._fingerprint(), "generation": s.generation,
+            "population": [p.tolist() for p in s.population], "cache": s.cache,
+            "rng_state": s.rng_state, "history": s.history,
+        }
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.checkpoint, json.dumps(payload))
+
+    def _load_checkpoint(self) -> bool:
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return False
+        payload = json.loads(self.checkpoint.read_text())
+        if payload["fingerprint"] != self._fingerprint():
+            raise ValueError(
+                f"checkpoint {self.checkpoint} belongs to another search configuration; "
+                "delete it or choose another checkpoint path"
+            )
+        self.state = _State(
+            generation=payload["generation"],
+            population=[np.asarray(p, dtype=np.int64) for p in payload["population"]],
+            cache={k: float(v) for k, v in payload["cache"].items()},
+            rng_state=payload["rng_state"], history=payload["history"],
+        )
+        return True
+
+    def run(self) -> GAResult:
+        cfg = self.config
+        rng = np.random.default_rng(cfg.seed)
+        if self._load_checkpoint():
+            rng.bit_generator.state = self.state.rng_state
+        else:
+            self.state = _State(generation=-1, population=[], cache={}, rng_state={})
+            population = self._initial_population(rng)
+            scores = self._score(population)
+            self.state.population, self.state.generation = population, 0
+            self._record(0, population, scores)
+            self.state.rng_state = rng.bit_generator.state
+            self._save_checkpoint()
+        bar = tqdm(total=cfg.generations, initial=self.state.generation, desc="GA generations", disable=not self.progress)
+        while self.state.generation < cfg.generations:
+            population = self.state.population
+            population = self._next_generation(population, self._score(population), rng)
+            scores = self._score(population)
+            self.state.generation += 1
+            self.state.population = population
+            self._record(self.state.generation, population, scores)
+            self.state.rng_state = rng.bit_generator.state
+            self._save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(best=f"{max(scores):.4f}", evaluated=len(self.state.cache))
+        bar.close()
+        return self._result()
+
+    def _result(self) -> GAResult:
+        history = pd.DataFrame(self.state.history)
+        summary = history.groupby("generation").agg(
+            best=("fitness", "max"), mean=("fitness", "mean"), smoothness_mean=("smoothness", "mean"),
+        )
+        for n in (1, 2, 4, 8):
+            summary[f"mean_best_{n}"] = history[history["rank"] < n].groupby("generation")["fitness"].mean()
+        best_row = history.loc[history["fitness"].idxmax()]
+        genome = np.asarray(json.loads(best_row["genome"]), dtype=np.int64)
+        return GAResult(
+            best_genome=genome, best_scales=self.space.decode(genome), best_fitness=float(best_row["fitness"]),
+            history=history, summary=summary.reset_index(), evaluations=len(self.state.cache),
+            control_points=self.space.control_points(genome),
+        )
+
+
+def random_search(space, fitness: Fitness, budget: int, seed: int = 0, evaluate=evaluate_in_process) -> tuple[np.ndarray, float]:
+    """Best of ``budget`` distinct uniformly random valid genomes: the baseline the GA must beat."""
+    rng = np.random.default_rng(seed)
+    genomes, taken = [], set()
+    while len(genomes) < budget:
+        g = space.random(rng)
+        if space.is_valid(g) and _key(g) not in taken:
+            taken.add(_key(g))
+            genomes.append(g)
+    scores = evaluate(fitness, np.stack([space.decode(g) for g in genomes]))
+    i = int(np.argmax(scores))
+    return genomes[i], float(scores[i])
