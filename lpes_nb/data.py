@@ -1,0 +1,260 @@
+"""Tasks as prompts: multi-document QA, key-value retrieval, passkey, two-fact QA, long text.
+
+Real data is read in place from the data directory (``data_dir=``, else ``$LPES_DATA_DIR``, else
+``../shared/data`` beside the project); synthetic tasks are generated from a seed. Prompts follow
+the lost-in-the-middle templates character for character.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import string
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MDQA_FILE = "mdqa/nq-open-20_total_documents_gold_at_0.jsonl.gz"
+ORACLE_FILE = "mdqa/nq-open-oracle.jsonl.gz"
+KV_FILE = "kv/kv-retrieval-75_keys.jsonl.gz"
+TEXT_FILE = "text/kjv.txt.gz"
+
+QA_INSTRUCTION = (
+    "Write a high-quality answer for the given question using only the provided search results "
+    "(some of which might be irrelevant)."
+)
+KV_INSTRUCTION = "Extract the value corresponding to the specified key in the JSON object below."
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt with its gold answers. ``position`` is the gold item's index in the context and
+    ``spans`` the character spans of the context items (documents or KV pairs), in order."""
+
+    task: str
+    sample_id: int
+    position: int
+    num_items: int
+    prompt: str
+    answers: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+
+
+def data_dir(path: str | Path | None = None) -> Path:
+    if path is not None:
+        return Path(path)
+    if "LPES_DATA_DIR" in os.environ:
+        return Path(os.environ["LPES_DATA_DIR"])
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _data_file(relative: str, path: str | Path | None) -> Path:
+    file = data_dir(path) / relative
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"missing data file {file}; put it there, set LPES_DATA_DIR or pass data_dir= "
+            "(data/README.md says where to obtain the files)"
+        )
+    return file
+
+
+def read_jsonl_gz(file: Path, limit: int | None = None) -> list[dict]:
+    """Records of a gzipped JSON-lines file; a clear error naming the file and line if corrupt."""
+    records = []
+    try:
+        with gzip.open(file, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if limit is not None and len(records) >= limit:
+                    break
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"corrupt JSON in {file}, line {line_no}: {err.msg}") from None
+    except (OSError, EOFError) as err:
+        raise ValueError(f"cannot read {file} as gzipped JSON lines: {err}") from None
+    return records
+
+
+# --- multi-document QA --------------------------------------------------------------------------
+
+
+def load_mdqa(limit: int | None = None, data_dir: str | Path | None = None) -> list[dict]:
+    """The 441 NQ-open questions with the gold document first and 19 retrieved distractors."""
+    records = read_jsonl_gz(_data_file(MDQA_FILE, data_dir), limit)
+    for i, r in enumerate(records):
+        if not {"question", "answers", "ctxs"} <= r.keys() or not r["ctxs"] or not r["ctxs"][0].get("isgold"):
+            raise ValueError(f"MDQA record {i} does not follow the schema (question, answers, ctxs with the gold first)")
+    return records
+
+
+def format_document(index: int, title: str, text: str) -> str:
+    return f"Document [{index}](Title: {title}) {text}"
+
+
+def qa_prompt(question: str, documents: list[dict]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The original QA prompt and the character span of each formatted document."""
+    head = f"{QA_INSTRUCTION}\n\n"
+    parts, spans, offset = [], [], len(head)
+    for i, doc in enumerate(documents):
+        text = format_document(i + 1, doc["title"], doc["text"])
+        parts.append(text)
+        spans.append((offset, offset + len(text)))
+        offset += len(text) + 1
+    return f"{head}{chr(10).join(parts)}\n\nQuestion: {question}\nAnswer:", tuple(spans)
+
+
+def mdqa_sample(record: dict, gold_index: int, num_docs: int = 10, sample_id: int = 0) -> Sample:
+    """Gold document moved to ``gold_index`` among the first ``num_docs - 1`` distractors (kept in
+    retrieval order), as the lost-in-the-middle setting does."""
+    distractors = record["ctxs"][1:num_docs]
+    if len(distractors) != num_docs - 1:
+        raise ValueError(f"num_docs={num_docs} needs {num_docs - 1} distractors, the record has {len(record['ctxs']) - 1}")
+    if not 0 <= gold_index < num_docs:
+        raise ValueError(f"gold_index {gold_index} is outside [0, {num_docs - 1}]")
+    docs = distractors[:gold_index] + [record["ctxs"][0]] + distractors[gold_index:]
+    prompt, spans = qa_prompt(record["question"], docs)
+    return Sample("mdqa", sample_id, gold_index, num_docs, prompt, tuple(record["answers"]), spans)
+
+
+# --- key-value retrieval ------------------------------------------------------------------------
+
+
+def kv_prompt(pairs: list[tuple[str, str]], key: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The original KV prompt (JSON one pair a line) and the character span of each pair."""
+    head = f"{KV_INSTRUCTION}\n\nJSON data:\n"
+    body, spans = "", []
+    for i, (k, v) in enumerate(pairs):
+        start = len(head) + len(body) + 1  # after "{" or " "
+        pair = f'"{k}": "{v}"'
+        body += ("{" if i == 0 else " ") + pair + (",\n" if i != len(pairs) - 1 else "}")
+        spans.append((start, start + len(pair)))
+    return f'{head}{body}\n\nKey: "{key}"\nCorresponding value:', tuple(spans)
+
+
+def load_kv(limit: int | None = None, data_dir: str | Path | None = None) -> list[dict]:
+    """The original 75-pair UUID records: ``{"ordered_kv_records", "key", "value"}``."""
+    return read_jsonl_gz(_data_file(KV_FILE, data_dir), limit)
+
+
+KV_FORMATS = {
+    "uuid": lambda rng: str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+    "letters6": lambda rng: "".join(rng.choices(string.ascii_lowercase, k=6)),
+    "digits4": lambda rng: f"{rng.randrange(1000, 10000)}",
+}
+
+
+def generate_kv(num_pairs: int, n: int, seed: int = 0, key_format: str = "uuid", value_format: str = "uuid") -> list[dict]:
+    """``n`` records of ``num_pairs`` distinct keys (the paper: UUIDs; small models: letters6/digits4)."""
+    for fmt in (key_format, value_format):
+        if fmt not in KV_FORMATS:
+            raise ValueError(f"unknown KV format {fmt!r}; choose one of {sorted(KV_FORMATS)}")
+    if num_pairs < 2:
+        raise ValueError(f"num_pairs must be >= 2, got {num_pairs}")
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        keys: dict[str, str] = {}
+        while len(keys) < num_pairs:
+            keys.setdefault(KV_FORMATS[key_format](rng), KV_FORMATS[value_format](rng))
+        pairs = list(keys.items())
+        key, value = pairs[rng.randrange(num_pairs)]
+        records.append({"ordered_kv_records": [list(p) for p in pairs], "key": key, "value": value})
+    return records
+
+
+def kv_sample(record: dict, gold_index: int, sample_id: int = 0) -> Sample:
+    """The gold pair removed and reinserted at ``gold_index``."""
+    pairs = [tuple(p) for p in record["ordered_kv_records"]]
+    gold = (record["key"], record["value"])
+    if gold not in pairs:
+        raise ValueError(f"record {sample_id}: the gold pair {gold} is not among its pairs")
+    if not 0 <= gold_index < len(pairs):
+        raise ValueError(f"gold_index {gold_index} is outside [0, {len(pairs) - 1}]")
+    pairs.remove(gold)
+    pairs.insert(gold_index, gold)
+    prompt, spans = kv_prompt(pairs, record["key"])
+    return Sample("kv", sample_id, gold_index, len(pairs), prompt, (record["value"],), spans)
+
+
+# --- passkey and two-fact QA ----------------------------------------------------------------------
+
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def passkey_sample(num_fillers: int, depth: float, seed: int = 0, sample_id: int = 0) -> Sample:
+    """The LongLoRA / landmark-attention passkey prompt with the needle at relative ``depth``."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    key = random.Random(seed).randrange(10000, 100000)
+    before = round(num_fillers * depth)
+    head = (
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+        "I will quiz you about the important information there."
+    )
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key."
+    parts = [head, *[PASSKEY_FILLER] * before, needle, *[PASSKEY_FILLER] * (num_fillers - before)]
+    prompt = " ".join(parts) + " What is the pass key? The pass key is"
+    start = prompt.index(needle)
+    return Sample("passkey", sample_id, before, num_fillers + 1, prompt, (str(key),), ((start, start + len(needle)),))
+
+
+_NAMES = ["Mary", "John", "Daniel", "Sandra", "Fred", "Bill", "Julie", "Jeff"]
+_OBJECTS = ["apple", "football", "milk", "box", "key", "book"]
+_PLACES = ["kitchen", "garden", "hallway", "bathroom", "office", "bedroom"]
+
+
+def two_fact_sample(filler_sentences: list[str], depth: float, seed: int = 0, sample_id: int = 0) -> Sample:
+    """A BABILong-qa2-style question: "X picked up the O." then "X went to the P." hidden in filler;
+    the answer (where the object is) needs both facts."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    rng = random.Random(seed)
+    name, obj, place = rng.choice(_NAMES), rng.choice(_OBJECTS), rng.choice(_PLACES)
+    facts = [f"{name} picked up the {obj}.", f"{name} went to the {place}."]
+    n = len(filler_sentences)
+    cut1 = round(n * depth * 0.5)
+    cut2 = round(n * depth)
+    sentences = filler_sentences[:cut1] + [facts[0]] + filler_sentences[cut1:cut2] + [facts[1]] + filler_sentences[cut2:]
+    context = " ".join(sentences)
+    prompt = f"{context}\n\nQuestion: Where is the {obj}?\nAnswer: The {obj} is in the"
+    spans = tuple((prompt.index(f), prompt.index(f) + len(f)) for f in facts)
+    return Sample("two_fact", sample_id, cut2, n + 2, prompt, (place,), spans)
+
+
+# --- long text ------------------------------------------------------------------------------------
+
+
+def long_text(data_dir: str | Path | None = None) -> str:
+    """The long public-domain book text (King James Bible), ~4.1 M characters."""
+    file = _data_file(TEXT_FILE, data_dir)
+    try:
+        with gzip.open(file, "rt", encoding="utf-8") as f:
+            return f.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"cannot read {file} as gzipped text: {err}") from None
+
+
+def text_windows(token_ids: list[int], length: int, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` non-overlapping windows of ``length`` tokens at seeded random offsets."""
+    slots = len(token_ids) // length
+    if slots < n:
+        raise ValueError(f"the text has room for {slots} windows of {length} tokens, asked for {n}")
+    starts = sorted(random.Random(seed).sample(range(slots), n))
+    return [token_ids[s * length : (s + 1) * length] for s in starts]
+
+
+def filler_sentences(text: str, n: int, seed: int = 0) -> list[str]:
+    """``n`` consecutive sentences of the book text from a seeded start (filler for two-fact QA)."""
+    sentences = [s.strip() + "." for s in text.replace("\n", " ").split(".") if len(s.strip()) > 20]
+    start = random.Random(seed).randrange(len(sentences) - n)
+    return sentences[start : start + n]
+
+
+def positions_for(num_items: int, count: int = 3) -> list[int]:
+    """``count`` evenly spread gold positions from first to last (3 -> begin / middle / end)."""
+    if count == 1:
+        return [0]
+    return sorted({round(i * (num_items - 1) / (count - 1)) for i in range(count)})

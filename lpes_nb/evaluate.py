@@ -1,0 +1,273 @@
+"""From "a model under a RoPE configuration" to accuracy by gold position.
+
+Two ways to judge a sample:
+
+* ``generate``: greedy decoding (batched, left padding, stop at the first newline), then the task
+  metric on the text: what the papers report.
+* ``score``: one teacher-forced forward over prompt + gold answer. "Every gold token is the argmax"
+  is exactly "greedy decoding starts with the gold answer", so this gives the same correctness as
+  decoding for the answer's canonical tokenisation, plus the gold log-probability, at the cost of a
+  single forward with logits kept only for the answer tokens. It is what the searches use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .data import Sample
+from .metrics import accuracy_table, kv_correct, mdqa_correct, passkey_correct
+from .rope import RopePatch, RopeSpec, scale_specs
+
+LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
+
+
+# --- tokenisation -------------------------------------------------------------------------------
+
+
+def encode(tokenizer, sample: Sample, chat: bool = False) -> list[int]:
+    """Prompt token ids, optionally wrapped in the tokenizer's chat template."""
+    if chat:
+        return tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True)
+    return tokenizer(sample.prompt).input_ids
+
+
+def target_ids(tokenizer, answer: str) -> list[int]:
+    """The gold answer as the model continues "Answer:" / "Corresponding value:": a space, then the
+    answer (SmolLM2 answers the KV prompt with ' 7219\\n', for example)."""
+    ids = tokenizer(" " + answer, add_special_tokens=False).input_ids
+    if not ids:
+        raise ValueError(f"answer {answer!r} tokenises to nothing")
+    return ids
+
+
+def check_lengths(lengths, extra, max_positions: int, on_overflow: str) -> np.ndarray:
+    """Boolean mask of prompts that fit; raise (``on_overflow="error"``) or skip (``"skip"``) the rest.
+    Never truncates."""
+    if on_overflow not in ("error", "skip"):
+        raise ValueError(f"on_overflow must be 'error' or 'skip', got {on_overflow!r}")
+    needed = np.asarray(lengths) + np.asarray(extra)
+    fits = needed <= max_positions
+    if not fits.all() and on_overflow == "error":
+        raise ValueError(
+            f"{int((~fits).sum())} prompt(s) need up to {int(needed.max())} positions (prompt + answer), "
+            f"beyond the model's {max_positions}; shorten the task or pass on_overflow='skip'"
+        )
+    return fits
+
+
+def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def _batches(order: Sequence[int], batch_size: int):
+    for start in range(0, len(order), batch_size):
+        yield list(order[start : start + batch_size])
+
+
+# --- the two judges ------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def score_targets(model, prompts: list[list[int]], targets: list[list[int]], batch_size: int = 8,
+                  pad_id: int = 0, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """For each (prompt, target): is every target token the argmax under teacher forcing, and the
+    target's total log-probability. Batches are left-padded so that all answers end at the last
+    position and only ``max(len(target)) + 1`` logits are computed per row."""
+    correct = np.zeros(len(prompts), dtype=bool)
+    logprob = np.zeros(len(prompts))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
+    for batch in tqdm(list(_batches(order, batch_size)), desc="scoring", disable=not progress, leave=False):
+        rows = [prompts[i] + targets[i] for i in batch]
+        ids, mask = _left_pad(rows, pad_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        keep = max(len(targets[i]) for i in batch) + 1
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        for row, i in enumerate(batch):
+            tgt = torch.tensor(targets[i])
+            pred = logp[row, keep - 1 - len(tgt) : keep - 1]  # the positions that predict each target token
+            correct[i] = bool((pred.argmax(-1) == tgt).all())
+            logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
+    return correct, logprob
+
+
+@torch.inference_mode()
+def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
+                    stop_at_newline: bool = True, progress: bool = False) -> list[str]:
+    """Greedy continuations (text), batched with left padding, each stopping at its first newline."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    texts: list[str] = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    extra = dict(stop_strings=["\n"], tokenizer=tokenizer) if stop_at_newline else {}
+    for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
+        ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad_id, top_p=None, top_k=None, temperature=None, **extra)
+        for row, i in enumerate(batch):
+            texts[i] = tokenizer.decode(out[row, ids.shape[1]:], skip_special_tokens=True)
+    return texts
+
+
+CORRECT = {"mdqa": mdqa_correct, "passkey": lambda pred, answers: passkey_correct(pred, answers[0]),
+           "kv": lambda pred, answers: kv_correct(pred, answers[0]),
+           "two_fact": lambda pred, answers: kv_correct(pred, answers[0])}
+
+
+# --- evaluation of a task under a RoPE configuration -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    mode: str = "score"  # "score" (one forward) or "generate" (greedy decoding)
+    max_new_tokens: int = 8
+    batch_size: int = 8
+    chat: bool = False
+    on_overflow: str = "error"
+
+    def __post_init__(self):
+        if self.mode not in ("score", "generate"):
+            raise ValueError(f"mode must be 'score' or 'generate', got {self.mode!r}")
+
+
+def rope_context(model, specs: Sequence[RopeSpec | None] | None):
+    return RopePatch(model, specs) if specs is not None else nullcontext()
+
+
+def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequence[RopeSpec | None] | None = None,
+                     settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
+    """One row per sample: task, position, sample, correct (+ gold_logprob or prediction)."""
+    prompts = [encode(tokenizer, s, settings.chat) for s in samples]
+    if settings.mode == "score":
+        # several gold aliases (MDQA): score each, correct if any is; log-prob of the best alias
+        pairs = [(i, target_ids(tokenizer, a)) for i, s in enumerate(samples) for a in dict.fromkeys(s.answers)]
+        extra = [len(t) for _, t in pairs]
+        lengths = [len(prompts[i]) for i, _ in pairs]
+    else:
+        extra = [settings.max_new_tokens] * len(samples)
+        lengths = [len(p) for p in prompts]
+    fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow)
+    rows = [{"task": s.task, "position": s.position, "num_items": s.num_items, "sample": s.sample_id,
+             "prompt_tokens": len(p)} for s, p in zip(samples, prompts)]
+    with rope_context(model, specs):
+        if settings.mode == "score":
+            kept = [pair for pair, ok in zip(pairs, fits) if ok]
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept],
+                                             settings.batch_size, pad, progress)
+            for row in rows:
+                row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
+            for (i, _), c, lp in zip(kept, correct, logprob):
+                rows[i]["correct"] = max(rows[i]["correct"], float(c))
+                rows[i]["gold_logprob"] = max(rows[i]["gold_logprob"], lp)
+                rows[i]["skipped"] = False
+        else:
+            keep = [i for i in range(len(samples)) if fits[i]]
+            texts = greedy_generate(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens,
+                                    settings.batch_size, progress=progress)
+            for row in rows:
+                row.update(correct=0.0, prediction=None, skipped=True)
+            for i, text in zip(keep, texts):
+                s = samples[i]
+                rows[i].update(correct=CORRECT[s.task](text, s.answers), prediction=text, skipped=False)
+    df = pd.DataFrame(rows)
+    skipped = int(df["skipped"].sum())
+    if skipped:
+        print(f"[evaluate] skipped {skipped} of {len(df)} samples longer than the model's positions")
+    out = df[~df["skipped"]].drop(columns="skipped").reset_index(drop=True)
+    out.attrs["skipped"] = skipped
+    return out
+
+
+def by_position(df: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy by gold position with n and a 95 % bootstrap CI."""
+    return accuracy_table(df, by="position")
+
+
+def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
+    """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last."""
+    acc = df.groupby("position")["correct"].mean().sort_index()
+    if len(acc) != 3:
+        raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")
+    return float(np.dot(lambdas, acc.to_numpy()))
+
+
+# --- results cache and the GA fitness --------------------------------------------------------------
+
+
+def cache_key(**parts) -> str:
+    """A stable hash of everything that determines a result (model, RoPE config, task, seed, ...)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+
+
+class ResultCache:
+    """Evaluation tables on disk under ``directory``, one CSV per key, written atomically."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.csv"
+
+    def get(self, key: str) -> pd.DataFrame | None:
+        path = self.path(key)
+        return pd.read_csv(path) if path.exists() else None
+
+    def put(self, key: str, df: pd.DataFrame) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(key).with_suffix(".tmp")
+        df.to_csv(tmp, index=False)
+        tmp.replace(self.path(key))
+
+
+class PositionFitness:
+    """The GA's fitness: per-layer scales (B, L) -> λ-weighted accuracy at begin / middle / end.
+
+    ``tie_break`` adds a tiny multiple of the mean gold log-probability so that individuals with the
+    same accuracy are ordered by confidence (0 reproduces the paper's pure accuracy fitness)."""
+
+    def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
+                 lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
+                 tie_break: float = 0.0):
+        if len({s.position for s in samples}) != 3:
+            raise ValueError("PositionFitness needs samples at exactly 3 gold positions (begin, middle, end)")
+        if len(lambdas) != 3 or any(l < 0 for l in lambdas):
+            raise ValueError(f"lambdas must be 3 non-negative weights, got {lambdas!r}")
+        self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
+        self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
+        self._task_key = dict(model=model_name, settings=asdict(settings),
+                              samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
+
+    def table(self, scales: Sequence[float]) -> pd.DataFrame:
+        key = cache_key(scales=[round(float(s), 10) for s in scales], **self._task_key)
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            return hit
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, scale_specs(scales), self.settings, progress=False)
+        if self.cache is not None:
+            self.cache.put(key, df)
+        return df
+
+    def __call__(self, scales_batch: np.ndarray) -> np.ndarray:
+        out = []
+        for scales in tqdm(np.atleast_2d(scales_batch), desc="fitness", leave=False):
+            df = self.table(scales)
+            fit = weighted_fitness(df, self.lambdas)
+            if self.tie_break and "gold_logprob" in df:
+                fit += self.tie_break * float(df["gold_logprob"].mean())
+            out.append(fit)
+        return np.array(out)
