@@ -1,0 +1,48 @@
+"""Named task settings: samples, positions, disjoint search/test sets, errors."""
+
+import pytest
+
+from lpes_nb import data
+from lpes_nb.tasks import PROFILES, TaskConfig, profile
+
+needs_shared = pytest.mark.skipif(not (data.data_dir() / data.MDQA_FILE).is_file(), reason="shared data not present")
+
+
+def test_kv_task_has_every_record_at_every_position():
+    cfg = TaskConfig("kv", 10, n=4, seed=3)
+    samples = cfg.samples()
+    assert cfg.gold_positions() == [0, 4, 9] and len(samples) == 12
+    for s in samples:
+        gold = s.answers[0]
+        assert s.prompt[slice(*s.spans[s.position])].endswith(f'"{gold}"')
+    assert samples == TaskConfig("kv", 10, n=4, seed=3).samples()
+
+
+@pytest.mark.parametrize("name", ["smoke", "cpu"])
+def test_search_and_test_sets_of_each_profile_are_disjoint(name):
+    prof = PROFILES[name]
+    assert not {s.prompt for s in prof["search"].samples()} & {s.prompt for s in prof["test"].samples()}
+
+
+@needs_shared
+def test_mdqa_and_long_text_tasks():
+    mdqa = TaskConfig("mdqa", 10, n=2, offset=5).samples()
+    assert [s.sample_id for s in mdqa] == [5, 6] * 3 and [s.position for s in mdqa] == [0, 0, 4, 4, 9, 9]
+    two = TaskConfig("two_fact", 50, n=2, seed=1).samples()
+    assert len(two) == 6 and all("Question: Where is the" in s.prompt for s in two)
+
+
+def test_passkey_task_positions_are_depths():
+    samples = TaskConfig("passkey", 21, n=2).samples()
+    assert sorted({s.position for s in samples}) == [0, 10, 20]
+    first = [s for s in samples if s.position == 0][0]
+    assert first.prompt.index("The pass key is") < first.prompt.index(data.PASSKEY_FILLER)
+
+
+def test_bad_task_settings_are_named():
+    with pytest.raises(ValueError, match="unknown task 'qa'"):
+        TaskConfig("qa")
+    with pytest.raises(ValueError, match=r"gold position 10 is outside \[0, 9\]"):
+        TaskConfig("kv", 10, positions=(0, 10))
+    with pytest.raises(ValueError, match="unknown profile 'gpu'"):
+        profile("gpu")
