@@ -39,7 +39,7 @@ _TINY_COMMON = dict(
     num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
-    max_position_embeddings=512,
+    max_position_embeddings=2048,
     tie_word_embeddings=True,
 )
 TINY_MODELS = {
@@ -178,6 +178,26 @@ def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
     if "/" in name or Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name)
     raise ValueError(f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, or a hub id")
+
+
+def describe_model(model: PreTrainedModel) -> dict:
+    """The facts a RoPE study needs: depth, heads, head size, RoPE type and base(s), window."""
+    cfg = model.config
+    stack = find_rope_stack(model)
+    rope = cfg.rope_parameters
+    per_type = {k: v for k, v in rope.items() if isinstance(v, dict)}
+    return {
+        "model_type": cfg.model_type,
+        "layers": stack.num_layers,
+        "attention_heads": cfg.num_attention_heads,
+        "kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+        "head_dim": 2 * stack.native(0)[0].shape[0],
+        "rope_type": {k: v["rope_type"] for k, v in per_type.items()} if per_type else rope["rope_type"],
+        "rope_theta": {k: v["rope_theta"] for k, v in per_type.items()} if per_type else rope["rope_theta"],
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "parameters_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "dtype": str(model.dtype).replace("torch.", ""),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

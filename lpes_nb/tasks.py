@@ -82,15 +82,35 @@ class TaskConfig:
 # Task settings per notebook profile. `cpu` comes from `calibrate` on SmolLM2-135M (see the
 # calibration notebook and results/calibration_kv.csv); `paper` keeps the papers' settings.
 PROFILES: dict[str, dict] = {
-    "smoke": dict(model="tiny-llama", search=TaskConfig("kv", 6, n=2, seed=1), test=TaskConfig("kv", 6, n=3, seed=2),
-                  mdqa=TaskConfig("mdqa", 3, n=2), settings=EvalSettings(batch_size=8)),
+    "smoke": dict(
+        model="tiny-llama", settings=EvalSettings(batch_size=8),
+        search=TaskConfig("kv", 6, n=2, seed=1), test=TaskConfig("kv", 6, n=3, seed=2), mdqa=TaskConfig("mdqa", 3, n=2),
+        calibration=dict(kv_sizes=[4, 6], n=3, mdqa_n=2),
+        probes=dict(window=64, windows=2, ks=[2, 8, 64], recall_n=2),
+        ga=dict(population=8, parents=3, mutations=4, crossovers=1, generations=2),
+        ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=1),
+    ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
-    "cpu": dict(model="smollm2-135m", search=TaskConfig("kv", 10, n=10, seed=1), test=TaskConfig("kv", 10, n=50, seed=2),
-                mdqa=TaskConfig("mdqa", 10, n=20, offset=100), settings=EvalSettings(batch_size=8)),
-    "paper": dict(model="lmsys/vicuna-7b-v1.5", search=TaskConfig("kv", 50, n=100, seed=1, key_format="uuid", value_format="uuid"),
-                  test=TaskConfig("kv", 75, n=500, source="file", key_format="uuid", value_format="uuid"),
-                  mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)), settings=EvalSettings(batch_size=16)),
+    "cpu": dict(
+        model="smollm2-135m", settings=EvalSettings(batch_size=8),
+        search=TaskConfig("kv", 10, n=10, seed=1), test=TaskConfig("kv", 10, n=50, seed=2),
+        mdqa=TaskConfig("mdqa", 10, n=20, offset=100),
+        calibration=dict(kv_sizes=[4, 6, 8, 10, 20, 30, 40], n=30, mdqa_n=20),
+        probes=dict(window=512, windows=2, ks=[2, 4, 16, 64, 256, 512], recall_n=10),
+        ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=8),
+        ablation=dict(population=8, parents=3, mutations=4, crossovers=1, generations=3, n=5),
+    ),
+    "paper": dict(
+        model="lmsys/vicuna-7b-v1.5", settings=EvalSettings(batch_size=16),
+        search=TaskConfig("kv", 50, n=100, seed=1, key_format="uuid", value_format="uuid"),
+        test=TaskConfig("kv", 75, n=500, source="file", key_format="uuid", value_format="uuid"),
+        mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)),
+        calibration=dict(kv_sizes=[25, 50, 75], n=100, mdqa_n=100),
+        probes=dict(window=4096, windows=8, ks=[2, 4, 16, 64, 256, 1024, 4096], recall_n=50),
+        ga=dict(),  # the paper's GAConfig defaults
+        ablation=dict(population=16, parents=6, mutations=8, crossovers=2, generations=10, n=50),
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lpes_nb.models import EMBEDDED, load_model
+from lpes_nb.models import EMBEDDED, load_model, load_tokenizer
 
 torch.set_num_threads(2)
 
@@ -19,3 +19,8 @@ def tiny(request):
 @pytest.fixture(scope="session")
 def tiny_llama():
     return load_model("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer()

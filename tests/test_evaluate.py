@@ -17,13 +17,8 @@ from lpes_nb.evaluate import (
     target_ids,
     weighted_fitness,
 )
-from lpes_nb.models import load_tokenizer
 from lpes_nb.rope import RopePatch, scale_specs
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
 
 
 def _greedy_ids(model, prompt, steps):
@@ -98,9 +93,9 @@ def test_evaluate_table_shape_and_by_position(tiny_llama, tokenizer):
 
 
 def test_over_long_prompts_error_or_are_counted_never_truncated(tiny_llama, tokenizer):
-    long = Sample("kv", 0, 0, 3, "word " * 600, ("7",))
+    long = Sample("kv", 0, 0, 3, "word " * 2100, ("7",))
     samples = _toy_samples(1) + [long]
-    with pytest.raises(ValueError, match=r"1 prompt\(s\) need up to \d+ positions .* beyond the model's 512"):
+    with pytest.raises(ValueError, match=r"1 prompt\(s\) need up to \d+ positions .* beyond the model's 2048"):
         evaluate_samples(tiny_llama, tokenizer, samples, progress=False)
     df = evaluate_samples(tiny_llama, tokenizer, samples, settings=EvalSettings(on_overflow="skip"), progress=False)
     assert len(df) == 3 and df.attrs["skipped"] == 1

@@ -1,0 +1,59 @@
+"""Layer-wise RoPE probes on a tiny model."""
+
+import math
+
+import pytest
+import torch
+
+from lpes_nb.data import Sample
+from lpes_nb.probes import (
+    coarsening_ks,
+    coarsening_perplexity,
+    masking_perplexity,
+    masking_recall,
+    noise_control_perplexity,
+    window_perplexity,
+)
+from lpes_nb.rope import RopeSpec
+
+WINDOWS = torch.randint(0, 49152, (2, 64), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def test_window_perplexity_matches_the_model_loss(tiny_llama):
+    with torch.no_grad():
+        loss = tiny_llama(torch.tensor(WINDOWS), labels=torch.tensor(WINDOWS)).loss
+    assert window_perplexity(tiny_llama, WINDOWS) == pytest.approx(math.exp(float(loss)), rel=1e-5)
+
+
+def test_masking_and_coarsening_tables(tiny_llama):
+    masked = masking_perplexity(tiny_llama, WINDOWS)
+    assert masked["layer"].tolist() == [-1, 0, 1, 2, 3]
+    base = masked.loc[masked.layer == -1, "perplexity"].item()
+    assert base == pytest.approx(window_perplexity(tiny_llama, WINDOWS))
+    assert (masked.loc[masked.layer >= 0, "perplexity"] != base).all()  # every layer's mask has an effect
+    assert masked.loc[masked.layer == 2, "perplexity"].item() == pytest.approx(
+        window_perplexity(tiny_llama, WINDOWS, {2: RopeSpec(mask=True)}))
+    coarse = coarsening_perplexity(tiny_llama, WINDOWS, ks=[2, 64], layers=[0, 3])
+    assert list(zip(coarse.layer, coarse.k)) == [(0, 2), (0, 64), (3, 2), (3, 64)]
+    # k = context length puts every position at 0: the same as masking
+    assert coarse.query("layer == 3 and k == 64")["perplexity"].item() == pytest.approx(
+        masked.loc[masked.layer == 3, "perplexity"].item(), rel=1e-6)
+    assert coarsening_ks(64) == [2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError, match=r"layer indices \[7\] are outside \[0, 3\]"):
+        masking_perplexity(tiny_llama, WINDOWS, layers=[7])
+
+
+def test_noise_control_uses_the_masking_shift_norm(tiny_llama):
+    df = noise_control_perplexity(tiny_llama, WINDOWS, layers=[1, 2])
+    assert df["layer"].tolist() == [1, 2] and (df["shift_norm_mean"] > 0).all()
+    base = window_perplexity(tiny_llama, WINDOWS)
+    assert (df["perplexity"] != base).all()
+    # the hooks are gone afterwards
+    assert window_perplexity(tiny_llama, WINDOWS) == base
+
+
+def test_masking_recall_has_a_row_per_layer_and_sample(tiny_llama, tokenizer):
+    samples = [Sample("kv", i, pos, 3, f"Key {i}: value is", ("7",)) for pos in (0, 1, 2) for i in range(2)]
+    df = masking_recall(tiny_llama, tokenizer, samples, layers=[0, 1])
+    assert sorted(df["layer"].unique()) == [-1, 0, 1] and len(df) == 18
+
