@@ -89,6 +89,8 @@ PROFILES: dict[str, dict] = {
         probes=dict(window=64, windows=2, ks=[2, 8, 64], recall_n=2),
         ga=dict(population=8, parents=3, mutations=4, crossovers=1, generations=2),
         ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=1),
+        attention=dict(lengths=[32, 64, 128], length=64, scales=[1.0, 2.0, 4.0], range_width=2, range_scale=2.0, range_n=2),
+        rsm=dict(prompts=4, seeds=[0, 1]),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
@@ -100,6 +102,9 @@ PROFILES: dict[str, dict] = {
         probes=dict(window=512, windows=2, ks=[2, 4, 16, 64, 256, 512], recall_n=10),
         ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=8),
         ablation=dict(population=8, parents=3, mutations=4, crossovers=1, generations=3, n=5),
+        attention=dict(lengths=[256, 512, 1024, 2048], length=1024, scales=[1.0, 1.25, 1.5, 1.75, 2.0, 3.0],
+                       range_width=6, range_scale=2.0, range_n=10),
+        rsm=dict(prompts=20, seeds=[0, 1, 2]),
     ),
     "paper": dict(
         model="lmsys/vicuna-7b-v1.5", settings=EvalSettings(batch_size=16),
@@ -110,6 +115,9 @@ PROFILES: dict[str, dict] = {
         probes=dict(window=4096, windows=8, ks=[2, 4, 16, 64, 256, 1024, 4096], recall_n=50),
         ga=dict(),  # the paper's GAConfig defaults
         ablation=dict(population=16, parents=6, mutations=8, crossovers=2, generations=10, n=50),
+        attention=dict(lengths=[1024, 2048, 4096, 8192], length=4096, scales=[1.0, 1.25, 1.5, 1.75, 2.0],
+                       range_width=4, range_scale=2.0, range_n=100),
+        rsm=dict(prompts=100, seeds=[0, 1, 2, 3, 4]),
     ),
 }
 

@@ -1,0 +1,150 @@
+"""Attention statistics computed from each layer's own queries and keys, for a few query rows only.
+
+A forward pre-hook on every self-attention module recomputes q and k from its input, rotates them
+with the (cos, sin) that layer actually receives (so per-layer RoPE patches are seen), and forms
+softmax attention for the chosen query rows: memory O(rows × T) per layer instead of the full
+T × T matrices (at 2k tokens the full matrices of all layers would take over 4 GB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .evaluate import rope_context
+from .rope import find_rope_stack
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class AttentionStats:
+    """Context manager collecting, per layer and head, for each chosen query row i:
+    the entropy of its attention over keys 0..i (nats) and the mass on the middle third of 0..i.
+
+    >>> with AttentionStats(model, query_rows=[-1]) as stats:
+    ...     model(ids)
+    >>> stats.table()   # columns: layer, head, row, entropy, middle_mass
+    """
+
+    def __init__(self, model, query_rows: Sequence[int] = (-1,), layers: Sequence[int] | None = None):
+        self.stack = find_rope_stack(model)
+        self.query_rows = list(query_rows)
+        self.layers = list(range(self.stack.num_layers)) if layers is None else list(layers)
+        self._handles: list = []
+        self._rows: list[dict] = []
+        attn = self.stack.layers[0].self_attn
+        if not all(hasattr(attn, a) for a in ("q_proj", "k_proj", "head_dim", "scaling")):
+            raise ValueError(f"{type(attn).__name__} is not a Llama-style attention (q_proj, k_proj, head_dim, scaling)")
+        if hasattr(attn, "q_norm"):
+            raise ValueError(f"{type(attn).__name__} normalises q/k; AttentionStats supports Llama/Qwen2/Mistral attention")
+
+    def __enter__(self) -> AttentionStats:
+        for layer in self.layers:
+            attn = self.stack.layers[layer].self_attn
+            self._handles.append(attn.register_forward_pre_hook(self._hook(layer), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _hook(self, layer: int):
+        @torch.no_grad()
+        def hook(module, args, kwargs):
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cos, sin = kwargs["position_embeddings"]
+            b, t, _ = hidden.shape
+            d = module.head_dim
+            q = module.q_proj(hidden).view(b, t, -1, d).transpose(1, 2)
+            k = module.k_proj(hidden).view(b, t, -1, d).transpose(1, 2)
+            rows = sorted({r % t for r in self.query_rows})
+            q = q[:, :, rows]
+            q = q * cos[:, None, rows] + _rotate_half(q) * sin[:, None, rows]
+            k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            scores = (q @ k.transpose(-1, -2)).float() * module.scaling  # [b, heads, rows, t]
+            key_pos = torch.arange(t)
+            row_pos = torch.tensor(rows)
+            scores = scores.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
+            p = scores.softmax(-1)
+            entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [b, heads, rows]
+            lo, hi = row_pos // 3 + 0, (2 * (row_pos + 1)) // 3
+            middle = (key_pos[None, :] >= lo[:, None]) & (key_pos[None, :] < hi[:, None])
+            middle_mass = (p * middle).sum(-1)
+            for head in range(entropy.shape[1]):
+                for j, row in enumerate(rows):
+                    self._rows.append({"layer": layer, "head": head, "row": row,
+                                       "entropy": float(entropy[:, head, j].mean()),
+                                       "middle_mass": float(middle_mass[:, head, j].mean())})
+            return None
+
+        return hook
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self._rows)
+
+
+@torch.inference_mode()
+def attention_profile(model, ids: torch.Tensor, specs=None, query_rows: Sequence[int] = (-1,)) -> pd.DataFrame:
+    """Per layer: mean over heads (and rows) of entropy and middle-third mass, for one forward."""
+    with rope_context(model, specs), AttentionStats(model, query_rows) as stats:
+        model(ids)
+    return stats.table().groupby("layer")[["entropy", "middle_mass"]].mean().reset_index()
+
+
+@torch.inference_mode()
+def middle_to_last_cosine(model, ids: torch.Tensor, specs=None) -> pd.DataFrame:
+    """Per layer: cosine similarity between the mean hidden state of the middle third of the context
+    and the last token's hidden state (how much of the middle reaches the final position)."""
+    with rope_context(model, specs):
+        states = model(ids, output_hidden_states=True).hidden_states
+    t = ids.shape[1]
+    rows = []
+    for layer, h in enumerate(states[1:]):
+        mid = h[:, t // 3 : 2 * t // 3].mean(1)
+        cos = torch.nn.functional.cosine_similarity(mid, h[:, -1], dim=-1)
+        rows.append({"layer": layer, "cosine": float(cos.mean())})
+    return pd.DataFrame(rows)
+
+
+@torch.inference_mode()
+def last_token_states(model, tokenizer, prompts: Sequence[str], specs=None) -> np.ndarray:
+    """Last-token hidden state of every prompt at every layer's output: [layers, prompts, hidden]."""
+    out = []
+    with rope_context(model, specs):
+        for text in prompts:
+            ids = torch.tensor([tokenizer(text).input_ids])
+            hs = model(ids, output_hidden_states=True).hidden_states[1:]
+            out.append(torch.stack([h[0, -1] for h in hs]).float().numpy())
+    return np.stack(out, axis=1)
+
+
+def rsm(states: np.ndarray) -> np.ndarray:
+    """Representational similarity matrices per layer: cosine H_i · H_j over prompts, [layers, N, N]."""
+    unit = states / np.linalg.norm(states, axis=-1, keepdims=True)
+    return unit @ unit.transpose(0, 2, 1)
+
+
+def rsm_deviation(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Per layer: ‖RSM_other − RSM_reference‖_F / ‖RSM_reference‖_F."""
+    return np.linalg.norm(other - reference, axis=(1, 2)) / np.linalg.norm(reference, axis=(1, 2))
+
+
+def scale_variants(scales: Sequence[float], seed: int) -> dict[str, list[float]]:
+    """The RSM study's comparisons for a Bézier curve: the same mean everywhere (uniform), the curve
+    with U(−0.1, 0.1) noise, the curve's values shuffled across layers, and fully random U(1, 2)."""
+    s = np.asarray(scales, dtype=float)
+    rng = np.random.default_rng(seed)
+    return {
+        "uniform (mean)": [float(s.mean())] * len(s),
+        "noisy Bézier": list(np.clip(s + rng.uniform(-0.1, 0.1, len(s)), 1.0, None)),
+        "shuffled": list(rng.permutation(s)),
+        "random U(1,2)": list(rng.uniform(1.0, 2.0, len(s))),
+    }
