@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from transformers.utils import logging as hf_logging
+
 from .rope import find_rope_stack
 
 EMBEDDED = "smollm2-135m"
@@ -164,7 +166,11 @@ def load_model(
         settings["dtype"] = dtype
     if attn_implementation is not None:
         settings["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(source, **settings)
+    hf_logging.disable_progress_bar()  # a sub-second reload needs no progress bar in every notebook
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **settings)
+    finally:
+        hf_logging.enable_progress_bar()
     if torch.cuda.is_available() and name != EMBEDDED:
         model = model.to("cuda")
     find_rope_stack(model)

@@ -44,12 +44,12 @@ def per_layer_space(model) -> PerLayerSpace:
 
 
 def evaluate_scales(model, tokenizer, samples: Sequence[Sample], scales: Mapping[str, Sequence[float] | None],
-                    settings: EvalSettings = EvalSettings()) -> pd.DataFrame:
+                    settings: EvalSettings = EvalSettings(), progress: bool = False) -> pd.DataFrame:
     """Accuracy by gold position (n, mean, 95 % CI, ρ, λ-fitness) for named per-layer scales
     (``None`` = the unmodified model)."""
     tables = []
     for label, s in scales.items():
-        df = evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings, progress=False)
+        df = evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings, progress=progress)
         table = accuracy_table(df, by="position")
         table.insert(0, "method", label)
         table["rho"] = u_shape_rho(table["position"], table["mean"])

@@ -101,7 +101,7 @@ PROFILES: dict[str, dict] = {
         calibration=dict(kv_sizes=[4, 6, 8, 10, 20, 30, 40], n=30, mdqa_n=20),
         probes=dict(window=512, windows=2, ks=[2, 4, 16, 64, 256, 512], recall_n=10),
         ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=8),
-        ablation=dict(population=8, parents=3, mutations=4, crossovers=1, generations=3, n=5),
+        ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=2, n=5),
         attention=dict(lengths=[256, 512, 1024, 2048], length=1024, scales=[1.0, 1.25, 1.5, 1.75, 2.0, 3.0],
                        range_width=6, range_scale=2.0, range_n=10),
         rsm=dict(prompts=20, seeds=[0, 1, 2]),
