@@ -85,10 +85,11 @@ def _batches(order: Sequence[int], batch_size: int):
 
 @torch.inference_mode()
 def score_targets(model, prompts: list[list[int]], targets: list[list[int]], batch_size: int = 8,
-                  pad_id: int = 0, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                  pad_id: int = 0, progress: bool = False, batch_context=None) -> tuple[np.ndarray, np.ndarray]:
     """For each (prompt, target): is every target token the argmax under teacher forcing, and the
     target's total log-probability. Batches are left-padded so that all answers end at the last
-    position and only ``max(len(target)) + 1`` logits are computed per row."""
+    position and only ``max(len(target)) + 1`` logits are computed per row. ``batch_context(rows,
+    length)``, if given, is entered around each batch (methods that depend on the batch's inputs)."""
     correct = np.zeros(len(prompts), dtype=bool)
     logprob = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
@@ -97,7 +98,8 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
         ids, mask = _left_pad(rows, pad_id)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         keep = max(len(targets[i]) for i in batch) + 1
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+        with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
             tgt = torch.tensor(targets[i])
@@ -109,16 +111,18 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
 
 @torch.inference_mode()
 def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
-                    stop_at_newline: bool = True, progress: bool = False) -> list[str]:
-    """Greedy continuations (text), batched with left padding, each stopping at its first newline."""
+                    stop_at_newline: bool = True, progress: bool = False, batch_context=None) -> list[str]:
+    """Greedy continuations (text), batched with left padding, each stopping at its first newline;
+    ``batch_context`` as in :func:`score_targets`."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     texts: list[str] = [""] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     extra = dict(stop_strings=["\n"], tokenizer=tokenizer) if stop_at_newline else {}
     for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad_id, top_p=None, top_k=None, temperature=None, **extra)
+        with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=pad_id, top_p=None, top_k=None, temperature=None, **extra)
         for row, i in enumerate(batch):
             texts[i] = tokenizer.decode(out[row, ids.shape[1]:], skip_special_tokens=True)
     return texts
@@ -149,10 +153,33 @@ def rope_context(model, specs: Sequence[RopeSpec | None] | None):
     return RopePatch(model, specs) if specs is not None else nullcontext()
 
 
+def token_segments(tokenizer, sample: Sample) -> list[int]:
+    """Per prompt token, the context item it belongs to: 0 before the first item, k + 1 inside item k
+    (and the separator after it), len(spans) + 1 after the last item (the question)."""
+    offsets = tokenizer(sample.prompt, return_offsets_mapping=True)["offset_mapping"]
+    starts = [a for a, _ in sample.spans]
+    last_end = sample.spans[-1][1] if sample.spans else 0
+    out = []
+    for start, _ in offsets:
+        seg = sum(1 for a in starts if a <= start)
+        out.append(len(starts) + 1 if sample.spans and start >= last_end else seg)
+    return out
+
+
 def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequence[RopeSpec | None] | None = None,
-                     settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
-    """One row per sample: task, position, sample, correct (+ gold_logprob or prediction)."""
+                     settings: EvalSettings = EvalSettings(), progress: bool = True, method=None) -> pd.DataFrame:
+    """One row per sample: task, position, sample, correct (+ gold_logprob or prediction).
+
+    The model runs under per-layer ``specs`` or under a ``method`` from :mod:`lpes_nb.methods` (whose
+    context may depend on each batch's inputs, e.g. document membership), not both."""
+    if specs is not None and method is not None:
+        raise ValueError("give either specs or a method, not both")
     prompts = [encode(tokenizer, s, settings.chat) for s in samples]
+    segments = None
+    if method is not None and method.needs_segments:
+        if settings.chat:
+            raise ValueError(f"{method.name} remaps positions by document and needs prompts without a chat template")
+        segments = [token_segments(tokenizer, s) for s in samples]
     if settings.mode == "score":
         # several gold aliases (MDQA): score each, correct if any is; log-prob of the best alias
         pairs = [(i, target_ids(tokenizer, a)) for i, s in enumerate(samples) for a in dict.fromkeys(s.answers)]
@@ -164,12 +191,18 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow)
     rows = [{"task": s.task, "position": s.position, "num_items": s.num_items, "sample": s.sample_id,
              "prompt_tokens": len(p)} for s, p in zip(samples, prompts)]
+    def method_context(sample_index):
+        if method is None:
+            return None
+        return lambda rows, length: method.context(
+            model, None if segments is None else [segments[sample_index[r]] for r in rows], length)
+
     with rope_context(model, specs):
         if settings.mode == "score":
             kept = [pair for pair, ok in zip(pairs, fits) if ok]
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept],
-                                             settings.batch_size, pad, progress)
+                                             settings.batch_size, pad, progress, method_context([i for i, _ in kept]))
             for row in rows:
                 row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
             for (i, _), c, lp in zip(kept, correct, logprob):
@@ -179,7 +212,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
         else:
             keep = [i for i in range(len(samples)) if fits[i]]
             texts = greedy_generate(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens,
-                                    settings.batch_size, progress=progress)
+                                    settings.batch_size, progress=progress, batch_context=method_context(keep))
             for row in rows:
                 row.update(correct=0.0, prediction=None, skipped=True)
             for i, text in zip(keep, texts):

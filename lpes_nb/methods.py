@@ -1,0 +1,171 @@
+"""The compared methods, all on the one per-layer RoPE mechanism.
+
+A method gives, for each batch, a context in which the model behaves as the method: usually a
+:class:`~lpes_nb.rope.RopePatch` with per-layer specs, built from the batch's input length (Dynamic
+NTK) or its document membership (CALIOPE). Pass one to ``evaluate_samples(..., method=m)``.
+
+Implemented here: baseline, PI, Dynamic NTK, LPES and the three CALIOPE calibrators.
+Not yet: Attention Buckets, Ms-PoE, MoICE, LASP, the gradient-based search (issue 5 continues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .rope import RopePatch, RopeSpec, dynamic_ntk_base, find_rope_stack, scale_specs
+
+
+class Method:
+    """Base class: override :meth:`specs` (and set ``needs_segments`` to receive document membership)."""
+
+    name = "method"
+    needs_segments = False
+
+    def specs(self, model, length: int, segments: list[list[int]] | None) -> list[RopeSpec | None] | None:
+        return None
+
+    def context(self, model, segments: list[list[int]] | None, length: int):
+        specs = self.specs(model, length, segments)
+        if specs is None:
+            return nullcontext()
+        stack = ExitStack()
+        patch = stack.enter_context(RopePatch(model, specs))
+        if segments is not None:
+            stack.enter_context(patch.segments(_segment_tensor(segments)))
+        return stack
+
+
+def _segment_tensor(segments: list[list[int]]) -> torch.Tensor:
+    """[B, max_len] segment ids indexed by position id; shorter rows repeat their last id."""
+    width = max(len(s) for s in segments)
+    return torch.tensor([s + [s[-1]] * (width - len(s)) for s in segments], dtype=torch.long)
+
+
+class Baseline(Method):
+    name = "baseline"
+
+
+@dataclass
+class LayerScales(Method):
+    """Per-layer positional interpolation: LPES (scales from the search) or PI (one scale everywhere)."""
+
+    scales: Sequence[float]
+    label: str = "LPES"
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def specs(self, model, length, segments):
+        n = find_rope_stack(model).num_layers
+        if len(self.scales) != n:
+            raise ValueError(f"{self.label} has {len(self.scales)} scales for a model with {n} layers")
+        return scale_specs(self.scales)
+
+
+def lpes(scales: Sequence[float]) -> LayerScales:
+    return LayerScales(list(scales), "LPES")
+
+
+def pi(scales_or_scale: Sequence[float] | float, num_layers: int | None = None) -> LayerScales:
+    """PI with the mean of the given per-layer scales (LPES's comparison), or one given scale."""
+    if np.ndim(scales_or_scale) == 0:
+        if num_layers is None:
+            raise ValueError("pi(scale) needs num_layers")
+        return LayerScales([float(scales_or_scale)] * num_layers, "PI")
+    scales = list(scales_or_scale)
+    return LayerScales([float(np.mean(scales))] * len(scales), "PI")
+
+
+@dataclass
+class DynamicNTK(Method):
+    """transformers' ``dynamic`` RoPE: for inputs longer than ``original_max_positions`` the base
+    grows with the length (NTK-aware). The base is set from each batch's input length; during
+    decoding it is not grown further (the answers here are a few tokens). ``original_max_positions``
+    defaults to the model's own and may be set lower to emulate a shorter training window."""
+
+    factor: float = 2.0
+    original_max_positions: int | None = None
+    name = "Dynamic NTK"
+
+    def specs(self, model, length, segments):
+        cfg = model.config
+        rope = cfg.rope_parameters
+        if "rope_theta" not in rope:
+            raise ValueError("Dynamic NTK here needs a single RoPE base (not one per attention type)")
+        max_pos = self.original_max_positions or cfg.max_position_embeddings
+        if length <= max_pos:
+            return None  # transformers applies no change inside the original window
+        dim = 2 * find_rope_stack(model).native(0)[0].shape[0]
+        base = dynamic_ntk_base(rope["rope_theta"], self.factor, length, max_pos, dim)
+        return [RopeSpec(base=base)] * cfg.num_hidden_layers
+
+
+@dataclass(frozen=True)
+class SegmentOffsets:
+    """Position remap Φ(t) = t + c(m(t)) for per-token segment ids m (a RopeSpec remap)."""
+
+    offsets: tuple[float, ...]
+
+    def __call__(self, position_ids: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+        if segment_ids is None:
+            raise ValueError("this position remap needs segment ids (document membership)")
+        table = torch.tensor(self.offsets, dtype=torch.float32, device=position_ids.device)
+        return position_ids.float() + table[segment_ids.clamp(0, len(self.offsets) - 1)]
+
+
+@dataclass
+class Caliope(Method):
+    """CALIOPE calibrators: positions shifted by document membership, Φ(t) = t + c(m(t)), in every
+    layer. Segments: 0 = instruction, 1..D = documents, D + 1 = question. ``gaps(D)`` gives the D − 1
+    gaps inserted between consecutive documents; c(m) is the sum of the gaps before segment m, so Φ is
+    strictly increasing whenever every gap is >= 0."""
+
+    kind: str = "moses"  # moses | hourglass | decay
+    gap: float = 10000.0  # Moses: one gap after the middle document
+    delta_min: float = 5.0  # Hourglass: parabola from delta_max at the ends to delta_min in the middle
+    delta_max: float = 1000.0
+    delta_0: float = 1000.0  # Decay: gap_i = delta_0 * lam ** i
+    lam: float = 0.95
+    needs_segments = True
+
+    def __post_init__(self):
+        if self.kind not in ("moses", "hourglass", "decay"):
+            raise ValueError(f"unknown CALIOPE calibrator {self.kind!r}; choose moses, hourglass or decay")
+        if min(self.gap, self.delta_min, self.delta_max, self.delta_0, self.lam) < 0:
+            raise ValueError("CALIOPE gaps must be >= 0 (else positions would not be monotone)")
+
+    @property
+    def name(self) -> str:
+        return f"CALIOPE-{self.kind.capitalize()}"
+
+    def gaps(self, num_docs: int) -> np.ndarray:
+        i = np.arange(max(num_docs - 1, 0), dtype=float)
+        if self.kind == "moses":
+            g = np.zeros_like(i)
+            if len(g):
+                g[(num_docs - 1) // 2] = self.gap
+            return g
+        if self.kind == "hourglass":
+            centre = (len(i) - 1) / 2 if len(i) > 1 else 1.0
+            return self.delta_min + (self.delta_max - self.delta_min) * ((i - centre) / max(centre, 1e-9)) ** 2
+        return self.delta_0 * self.lam**i
+
+    def offsets(self, num_docs: int) -> tuple[float, ...]:
+        """c(m) for m = 0 (instruction), 1..D (documents), D + 1 (question)."""
+        c = np.concatenate([[0.0, 0.0], np.cumsum(self.gaps(num_docs))])  # c(0) = c(1) = 0
+        return tuple(float(x) for x in np.concatenate([c, c[-1:]]))  # the question keeps the last offset
+
+    def specs(self, model, length, segments):
+        num_docs = max(max(s) for s in segments) - 1
+        remap = SegmentOffsets(self.offsets(num_docs))
+        return [RopeSpec(remap=remap)] * find_rope_stack(model).num_layers
+
+
+def caliope_all(**kw) -> list[Caliope]:
+    return [Caliope(kind, **kw) for kind in ("moses", "hourglass", "decay")]

@@ -1,0 +1,97 @@
+"""Compared methods on the RoPE mechanism: exact restore, degenerate == baseline, real effect."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lpes_nb.data import Sample, qa_prompt
+from lpes_nb.evaluate import evaluate_samples, token_segments
+from lpes_nb.methods import Baseline, Caliope, DynamicNTK, SegmentOffsets, caliope_all, lpes, pi
+
+
+def _mdqa_like(n=3, docs=5):
+    out = []
+    for i in range(n):
+        documents = [{"title": f"Title {i}-{d}", "text": f"Some text number {d} of question {i} with words."} for d in range(docs)]
+        prompt, spans = qa_prompt(f"What is question {i}?", documents)
+        for pos in (0, 2, 4):
+            out.append(Sample("mdqa", i, pos, docs, prompt, ("words",), spans))
+    return out
+
+
+SAMPLES = _mdqa_like()
+
+
+def _logprobs(model, tokenizer, method):
+    return evaluate_samples(model, tokenizer, SAMPLES, method=method, progress=False)["gold_logprob"].to_numpy()
+
+
+def test_token_segments_follow_the_documents(tokenizer):
+    s = SAMPLES[0]
+    segs = token_segments(tokenizer, s)
+    enc = tokenizer(s.prompt, return_offsets_mapping=True)
+    for (a, _), seg in zip(enc["offset_mapping"], segs):
+        if seg == 0:
+            assert a < s.spans[0][0]
+        elif seg <= len(s.spans):
+            assert s.spans[seg - 1][0] <= a < (s.spans[seg][0] if seg < len(s.spans) else s.spans[-1][1])
+        else:
+            assert a >= s.spans[-1][1]
+    assert segs == sorted(segs) and segs[-1] == len(s.spans) + 1
+
+
+def test_degenerate_settings_equal_the_baseline_and_restore_the_model(tiny_llama, tokenizer):
+    ids = torch.randint(0, 49152, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = tiny_llama(ids).logits
+    base = _logprobs(tiny_llama, tokenizer, Baseline())
+    degenerate = [pi(1.0, 4), lpes([1.0] * 4), DynamicNTK(factor=2.0),  # inputs inside the window: no change
+                  Caliope("moses", gap=0), Caliope("hourglass", delta_min=0, delta_max=0), Caliope("decay", delta_0=0)]
+    for method in degenerate:
+        assert np.array_equal(_logprobs(tiny_llama, tokenizer, method), base), method.name
+    with torch.no_grad():
+        assert torch.equal(tiny_llama(ids).logits, before)
+
+
+def test_non_degenerate_settings_change_the_outputs(tiny_llama, tokenizer):
+    base = _logprobs(tiny_llama, tokenizer, Baseline())
+    for method in [pi([1.0, 2.0, 3.0, 2.0]), lpes([1.0, 2.0, 3.0, 2.0]), DynamicNTK(4.0, original_max_positions=32),
+                   *caliope_all()]:
+        assert not np.allclose(_logprobs(tiny_llama, tokenizer, method), base, atol=1e-6), method.name
+
+
+def test_pi_uses_the_mean_of_the_lpes_scales():
+    assert pi([1.0, 2.0, 1.5]).scales == [1.5, 1.5, 1.5] and pi([1.0, 2.0]).name == "PI"
+    with pytest.raises(ValueError, match="needs num_layers"):
+        pi(2.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 30), st.sampled_from(["moses", "hourglass", "decay"]), st.floats(0, 5000), st.floats(0, 1))
+def test_caliope_positions_are_strictly_monotone(num_docs, kind, size, lam):
+    method = Caliope(kind, gap=size, delta_max=size, delta_0=size, lam=lam)
+    offsets = method.offsets(num_docs)
+    assert len(offsets) == num_docs + 2 and offsets[0] == offsets[1] == 0
+    segments = torch.tensor([0] * 3 + [d for d in range(1, num_docs + 1) for _ in range(4)] + [num_docs + 1] * 3)
+    phi = SegmentOffsets(offsets)(torch.arange(len(segments)), segments)
+    assert torch.all(phi[1:] > phi[:-1])
+
+
+def test_caliope_gap_shapes():
+    assert Caliope("moses").gaps(10).tolist() == [0, 0, 0, 0, 10000, 0, 0, 0, 0]  # after the middle (5th) document
+    hour = Caliope("hourglass").gaps(11)
+    assert hour[0] == hour[-1] == 1000 and hour[len(hour) // 2] == pytest.approx(5, abs=30) and hour.argmin() in (4, 5)
+    np.testing.assert_allclose(Caliope("decay").gaps(4), [1000, 950, 902.5])
+    with pytest.raises(ValueError, match="unknown CALIOPE calibrator 'tent'"):
+        Caliope("tent")
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Caliope("moses", gap=-1)
+
+
+def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
+    with pytest.raises(ValueError, match="LPES has 3 scales for a model with 4 layers"):
+        _logprobs(tiny_llama, tokenizer, lpes([1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="either specs or a method"):
+        evaluate_samples(tiny_llama, tokenizer, SAMPLES, specs=[None] * 4, method=Baseline(), progress=False)
