@@ -85,11 +85,12 @@ def _batches(order: Sequence[int], batch_size: int):
 
 @torch.inference_mode()
 def score_targets(model, prompts: list[list[int]], targets: list[list[int]], batch_size: int = 8,
-                  pad_id: int = 0, progress: bool = False, batch_context=None) -> tuple[np.ndarray, np.ndarray]:
+                  pad_id: int = 0, progress: bool = False, batch_context=None, forward=None) -> tuple[np.ndarray, np.ndarray]:
     """For each (prompt, target): is every target token the argmax under teacher forcing, and the
     target's total log-probability. Batches are left-padded so that all answers end at the last
     position and only ``max(len(target)) + 1`` logits are computed per row. ``batch_context(rows,
-    length)``, if given, is entered around each batch (methods that depend on the batch's inputs)."""
+    length)``, if given, is entered around each batch (methods that depend on the batch's inputs);
+    ``forward(ids, mask, positions, keep)`` replaces the model call (methods that combine passes)."""
     correct = np.zeros(len(prompts), dtype=bool)
     logprob = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
@@ -99,7 +100,10 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         keep = max(len(targets[i]) for i in batch) + 1
         with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+            if forward is not None:
+                logits = forward(ids, mask, positions, keep)
+            else:
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
             tgt = torch.tensor(targets[i])
@@ -111,9 +115,11 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
 
 @torch.inference_mode()
 def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
-                    stop_at_newline: bool = True, progress: bool = False, batch_context=None) -> list[str]:
+                    stop_at_newline: bool = True, progress: bool = False, batch_context=None,
+                    generate=None) -> list[str]:
     """Greedy continuations (text), batched with left padding, each stopping at its first newline;
-    ``batch_context`` as in :func:`score_targets`."""
+    ``batch_context`` as in :func:`score_targets`; ``generate(ids, mask, max_new_tokens)`` -> new token
+    ids replaces ``model.generate`` (methods that combine passes)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     texts: list[str] = [""] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -121,10 +127,14 @@ def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
         with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=pad_id, top_p=None, top_k=None, temperature=None, **extra)
+            if generate is not None:
+                new = generate(ids, mask, max_new_tokens)
+            else:
+                new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=pad_id, top_p=None, top_k=None, temperature=None, **extra)[:, ids.shape[1]:]
         for row, i in enumerate(batch):
-            texts[i] = tokenizer.decode(out[row, ids.shape[1]:], skip_special_tokens=True)
+            text = tokenizer.decode(new[row], skip_special_tokens=True)
+            texts[i] = text[: text.index("\n") + 1] if stop_at_newline and "\n" in text else text
     return texts
 
 
@@ -202,7 +212,8 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
             kept = [pair for pair, ok in zip(pairs, fits) if ok]
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept],
-                                             settings.batch_size, pad, progress, method_context([i for i, _ in kept]))
+                                             settings.batch_size, pad, progress, method_context([i for i, _ in kept]),
+                                             forward=getattr(method, "forward", None) and (lambda *a: method.forward(model, *a)))
             for row in rows:
                 row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
             for (i, _), c, lp in zip(kept, correct, logprob):
@@ -212,7 +223,8 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
         else:
             keep = [i for i in range(len(samples)) if fits[i]]
             texts = greedy_generate(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens,
-                                    settings.batch_size, progress=progress, batch_context=method_context(keep))
+                                    settings.batch_size, progress=progress, batch_context=method_context(keep),
+                                    generate=getattr(method, "generate", None) and (lambda *a: method.generate(model, *a)))
             for row in rows:
                 row.update(correct=0.0, prediction=None, skipped=True)
             for i, text in zip(keep, texts):

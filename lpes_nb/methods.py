@@ -4,8 +4,11 @@ A method gives, for each batch, a context in which the model behaves as the meth
 :class:`~lpes_nb.rope.RopePatch` with per-layer specs, built from the batch's input length (Dynamic
 NTK) or its document membership (CALIOPE). Pass one to ``evaluate_samples(..., method=m)``.
 
-Implemented here: baseline, PI, Dynamic NTK, LPES and the three CALIOPE calibrators.
-Not yet: Attention Buckets, Ms-PoE, MoICE, LASP, the gradient-based search (issue 5 continues).
+Methods that combine several passes (Attention Buckets) also provide ``forward`` (scoring) and
+``generate`` (greedy decoding), which the evaluator uses instead of the model's own.
+
+Implemented: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets.
+Not yet: Ms-PoE, MoICE, LASP, the gradient-based search.
 """
 
 from __future__ import annotations
@@ -169,3 +172,50 @@ class Caliope(Method):
 
 def caliope_all(**kw) -> list[Caliope]:
     return [Caliope(kind, **kw) for kind in ("moses", "hourglass", "decay")]
+
+
+@dataclass
+class AttentionBuckets(Method):
+    """Attention Buckets: one forward pass per RoPE base; at every position the final logits are
+    Σ_b softmax_b(max-logit_b) · logits_b. ``bases=None`` takes the reference RAG set 10000, 13000,
+    ..., 28000, scaled by the model's own base / 10000. Greedy decoding keeps one KV cache per base."""
+
+    bases: Sequence[float] | None = None
+    name = "Attention Buckets"
+
+    def bucket_bases(self, model) -> list[float]:
+        if self.bases is not None:
+            return [float(b) for b in self.bases]
+        theta = model.config.rope_parameters["rope_theta"]
+        return [theta * b / 10000.0 for b in range(10000, 28001, 3000)]
+
+    def _pass(self, model, base, **inputs):
+        with RopePatch(model, [RopeSpec(base=base)] * find_rope_stack(model).num_layers):
+            return model(**inputs)
+
+    @staticmethod
+    def combine(logits: list[torch.Tensor]) -> torch.Tensor:
+        stacked = torch.stack([l.float() for l in logits])  # [buckets, B, T, V]
+        weights = torch.softmax(stacked.amax(-1), dim=0)  # per position, over buckets
+        return (weights[..., None] * stacked).sum(0)
+
+    def forward(self, model, ids, mask, positions, keep):
+        return self.combine([self._pass(model, b, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                        logits_to_keep=keep).logits for b in self.bucket_bases(model)])
+
+    def generate(self, model, ids, mask, max_new_tokens):
+        from transformers import DynamicCache
+
+        bases = self.bucket_bases(model)
+        caches = [DynamicCache(config=model.config) for _ in bases]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        step_ids, out = ids, []
+        for _ in range(max_new_tokens):
+            logits = [self._pass(model, b, input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits for b, cache in zip(bases, caches)]
+            nxt = self.combine(logits)[:, -1].argmax(-1)
+            out.append(nxt)
+            step_ids = nxt[:, None]
+            mask = torch.cat([mask, torch.ones_like(step_ids)], dim=1)
+            positions = positions[:, -1:] + 1
+        return torch.stack(out, dim=1)

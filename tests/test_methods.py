@@ -95,3 +95,27 @@ def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
         _logprobs(tiny_llama, tokenizer, lpes([1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="either specs or a method"):
         evaluate_samples(tiny_llama, tokenizer, SAMPLES, specs=[None] * 4, method=Baseline(), progress=False)
+
+
+def test_attention_buckets_with_one_bucket_at_the_models_base_is_the_baseline(tiny_llama, tokenizer):
+    from lpes_nb.evaluate import EvalSettings
+    from lpes_nb.methods import AttentionBuckets
+
+    one = AttentionBuckets(bases=[tiny_llama.config.rope_parameters["rope_theta"]])
+    assert np.array_equal(_logprobs(tiny_llama, tokenizer, one), _logprobs(tiny_llama, tokenizer, Baseline()))
+    gen = EvalSettings(mode="generate", max_new_tokens=5)
+    ours = evaluate_samples(tiny_llama, tokenizer, SAMPLES, method=one, settings=gen, progress=False)["prediction"]
+    hf = evaluate_samples(tiny_llama, tokenizer, SAMPLES, settings=gen, progress=False)["prediction"]
+    assert ours.tolist() == hf.tolist()  # the multi-cache greedy loop decodes like model.generate
+
+
+def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
+    from lpes_nb.methods import AttentionBuckets
+
+    a, b = torch.randn(1, 2, 5), torch.randn(1, 2, 5)
+    assert torch.equal(AttentionBuckets.combine([a, a]), a)
+    w = torch.softmax(torch.stack([a.amax(-1), b.amax(-1)]), 0)
+    assert torch.allclose(AttentionBuckets.combine([a, b]), w[0, ..., None] * a + w[1, ..., None] * b)
+    buckets = AttentionBuckets()
+    assert buckets.bucket_bases(tiny_llama) == [10000.0, 13000.0, 16000.0, 19000.0, 22000.0, 25000.0, 28000.0]
+    assert not np.allclose(_logprobs(tiny_llama, tokenizer, buckets), _logprobs(tiny_llama, tokenizer, Baseline()))
