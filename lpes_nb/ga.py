@@ -67,6 +67,14 @@ class GAConfig:
 # --- genome spaces -------------------------------------------------------------------------------
 
 
+def _swap_one(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Two children: the parents with one random gene (a control point, or a layer's scale) swapped."""
+    k = rng.integers(len(a))
+    ca, cb = a.copy(), b.copy()
+    ca[k], cb[k] = b[k], a[k]
+    return ca, cb
+
+
 @dataclass(frozen=True)
 class BezierSpace:
     """Control points of a curve of ``degree`` (d + 1 points) over ``num_layers`` layers."""
@@ -113,10 +121,7 @@ class BezierSpace:
 
     def crossover(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Swap one random control point (x and y together) between the parents."""
-        k = rng.integers(len(a))
-        ca, cb = a.copy(), b.copy()
-        ca[k], cb[k] = b[k], a[k]
-        return ca, cb
+        return _swap_one(a, b, rng)
 
     def decode(self, g: np.ndarray) -> np.ndarray:
         pts = np.stack([g[:, 0].astype(float), g[:, 1] * self.y_step], axis=1)
@@ -159,10 +164,7 @@ class PerLayerSpace:
         return np.clip(g + rng.integers(-my, my + 1, size=len(g)), *self._y_grid)
 
     def crossover(self, a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        k = rng.integers(len(a))
-        ca, cb = a.copy(), b.copy()
-        ca[k], cb[k] = b[k], a[k]
-        return ca, cb
+        return _swap_one(a, b, rng)
 
     def decode(self, g: np.ndarray) -> np.ndarray:
         return g * self.y_step
