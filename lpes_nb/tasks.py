@@ -96,12 +96,13 @@ PROFILES: dict[str, dict] = {
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
     "cpu": dict(
         model="smollm2-135m", settings=EvalSettings(batch_size=8),
-        search=TaskConfig("kv", 10, n=10, seed=1), test=TaskConfig("kv", 10, n=50, seed=2),
+        search=TaskConfig("kv", 10, n=8, seed=1), test=TaskConfig("kv", 10, n=50, seed=2),
         mdqa=TaskConfig("mdqa", 10, n=20, offset=100),
         calibration=dict(kv_sizes=[4, 6, 8, 10, 20, 30, 40], n=30, mdqa_n=20),
         probes=dict(window=512, windows=2, ks=[2, 4, 16, 64, 256, 512], recall_n=10),
-        ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=8),
-        ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=2, n=5),
+        # a CPU-sized budget (the paper: population 32, 20 generations), so the whole cpu run stays near an hour
+        ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=6),
+        ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=5),
         attention=dict(lengths=[256, 512, 1024, 2048], length=1024, scales=[1.0, 1.25, 1.5, 1.75, 2.0, 3.0],
                        range_width=6, range_scale=2.0, range_n=10),
         rsm=dict(prompts=20, seeds=[0, 1, 2]),
