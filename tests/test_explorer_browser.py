@@ -72,8 +72,27 @@ def lab(tmp_path_factory):
     server.wait(timeout=20)
 
 
+KERNEL_IDLE = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                         const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                         return k && k.status === 'idle'; }"""
+
+
 def _read(page, selector: str) -> str:
     return page.locator(selector).inner_text()
+
+
+def _settled_state(page) -> tuple[str, str]:
+    """Points and scales once the kernel has worked through every drag event: the kernel is idle and
+    two reads 0.7 s apart agree (the two texts arrive as separate widget messages)."""
+    last = None
+    for _ in range(60):
+        page.wait_for_function(KERNEL_IDLE, timeout=30_000)
+        state = (_read(page, ".lpes-points"), _read(page, ".lpes-scales"))
+        if state == last:
+            return state
+        last = state
+        page.wait_for_timeout(700)
+    raise AssertionError(f"the explorer never settled; last state {last}")
 
 
 def test_dragging_a_control_point_updates_the_scales(lab):
@@ -86,13 +105,10 @@ def test_dragging_a_control_point_updates_the_scales(lab):
         try:
             page = context.new_page()
             page.goto(f"{url}/lab/tree/notebooks/explorer.ipynb?token={token}")
-            page.wait_for_function(
-                """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-                           const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-                           return k && k.status === 'idle'; }""", timeout=60_000)
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.wait_for_selector(".lpes-scales code", timeout=60_000)
-            before = _read(page, ".lpes-scales")
+            before = _settled_state(page)[1]
             assert "1.5000" in before
 
             # the draggable handles are the 4 big dots of the first figure (the 30 small ones mark the layers)
@@ -112,9 +128,9 @@ def test_dragging_a_control_point_updates_the_scales(lab):
             page.mouse.up()
             page.wait_for_function(
                 "(before) => document.querySelector('.lpes-scales').innerText !== before", arg=before, timeout=20_000)
-            page.wait_for_timeout(500)  # let the last move event settle
-            shown_scales = [float(v) for v in re.findall(r"\d+\.\d+", _read(page, ".lpes-scales"))]
-            points = np.array(json.loads(_read(page, ".lpes-points").split(":", 1)[1]))
+            points_text, scales_text = _settled_state(page)
+            shown_scales = [float(v) for v in re.findall(r"\d+\.\d+", scales_text)]
+            points = np.array(json.loads(points_text.split(":", 1)[1]))
             page.screenshot(path=str(artifacts / "explorer_after_drag.png"), full_page=True)
         finally:
             context.close()
