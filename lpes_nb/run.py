@@ -69,6 +69,32 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
     return timings
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def clean_for_publish(path: Path) -> None:
+    """Drop what only made sense in the live kernel before a notebook is committed: the saved widget
+    state (progress bars), widget views (their text fallback stays) and TqdmWarning noise."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.outputs:
+            if out.get("output_type") == "stream" and "TqdmWarning" in out.get("text", ""):
+                continue
+            if WIDGET_VIEW in out.get("data", {}):
+                out["data"].pop(WIDGET_VIEW)
+                if not out["data"]:
+                    continue
+            kept.append(out)
+        cell.outputs = kept
+    nbformat.write(nb, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
     parser.add_argument("--profile", choices=PROFILES, default="cpu")
@@ -88,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.publish:
         for t in timings:
             shutil.copyfile(out_dir / t["notebook"], args.notebooks / t["notebook"])
+            clean_for_publish(args.notebooks / t["notebook"])
     total = sum(t["seconds"] for t in timings)
     print(f"[run] all {len(timings)} notebooks done in {total:.0f} s; executed copies in {out_dir}/", flush=True)
 

@@ -1,0 +1,39 @@
+"""The notebook runner: discovery, --only/--from selection, cleaning before publishing."""
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from lpes_nb.run import clean_for_publish, discover, select
+
+
+def test_discover_and_select(tmp_path):
+    for name in ("01_a.ipynb", "02_b.ipynb", "05_c.ipynb", "notes.ipynb"):
+        (tmp_path / name).write_text("{}")
+    nbs = discover(tmp_path)
+    assert [p.name for p in nbs] == ["01_a.ipynb", "02_b.ipynb", "05_c.ipynb"]
+    assert [p.stem for p in select(nbs, only=["05", "01"])] == ["01_a", "05_c"]
+    assert [p.stem for p in select(nbs, start="02")] == ["02_b", "05_c"]
+    with pytest.raises(ValueError, match=r"--only \['09'\] match no notebook"):
+        select(nbs, only=["09"])
+    with pytest.raises(ValueError, match="--from '9' matches no notebook"):
+        select(nbs, start="9")
+
+
+def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
+    nb = new_notebook()
+    nb.metadata["widgets"] = {"state": {"x": 1}}
+    cell = new_code_cell("x")
+    cell.outputs = [
+        new_output("stream", name="stderr", text="TqdmWarning: IProgress not found"),
+        new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "a"}, "text/plain": "bar"}),
+        new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "b"}}),
+        new_output("stream", name="stdout", text="kept"),
+    ]
+    nb.cells.append(cell)
+    path = tmp_path / "01_x.ipynb"
+    nbformat.write(nb, path)
+    clean_for_publish(path)
+    out = nbformat.read(path, as_version=4)
+    assert "widgets" not in out.metadata
+    assert [o.get("text") or dict(o["data"]) for o in out.cells[0].outputs] == [{"text/plain": "bar"}, "kept"]
