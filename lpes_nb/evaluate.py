@@ -123,7 +123,8 @@ def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     texts: list[str] = [""] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    extra = dict(stop_strings=["\n"], tokenizer=tokenizer) if stop_at_newline else {}
+    # without the newline stop, decode exactly max_new_tokens (fixed work, e.g. for latency tables)
+    extra = dict(stop_strings=["\n"], tokenizer=tokenizer) if stop_at_newline else dict(min_new_tokens=max_new_tokens)
     for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
         with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
@@ -153,6 +154,7 @@ class EvalSettings:
     batch_size: int = 8
     chat: bool = False
     on_overflow: str = "error"
+    stop_at_newline: bool = True  # generate mode: stop each answer at its first newline
 
     def __post_init__(self):
         if self.mode not in ("score", "generate"):
@@ -223,7 +225,8 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
         else:
             keep = [i for i in range(len(samples)) if fits[i]]
             texts = greedy_generate(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens,
-                                    settings.batch_size, progress=progress, batch_context=method_context(keep),
+                                    settings.batch_size, settings.stop_at_newline, progress=progress,
+                                    batch_context=method_context(keep),
                                     generate=getattr(method, "generate", None) and (lambda *a: method.generate(model, *a)))
             for row in rows:
                 row.update(correct=0.0, prediction=None, skipped=True)

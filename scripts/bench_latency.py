@@ -1,0 +1,57 @@
+"""Latency of every implemented method vs the unmodified model (LPES Table 4 analogue).
+
+Same MDQA prompts (10 documents, gold in the middle) and decode length for every method, greedy,
+batch 1, interleaved rounds; reports the median per-sample time and the median of the per-round
+ratios to the baseline. Writes results/latency.csv (every timing) and results/latency.json.
+Usage: python scripts/bench_latency.py [--n 2] [--rounds 3] [--new-tokens 8]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from lpes_nb.evaluate import EvalSettings, evaluate_samples
+from lpes_nb.methods import AttentionBuckets, Baseline, DynamicNTK, caliope_all, lpes, pi
+from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.search import load_scales
+from lpes_nb.tasks import TaskConfig
+from lpes_nb.timing import interleaved_times, ratio_to_baseline
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2, help="MDQA prompts per method and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--scales", type=Path, default=Path("results/lpes_best_scales.json"))
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    model, tok = load_model(), load_tokenizer()
+    scales = load_scales(args.scales, model.config.num_hidden_layers)
+    samples = TaskConfig("mdqa", 10, n=args.n, offset=300, positions=(4,)).samples()
+    # no early stop (newline or end of text): every method decodes exactly the same number of tokens
+    settings = EvalSettings(mode="generate", max_new_tokens=args.new_tokens, batch_size=1, stop_at_newline=False)
+    methods = {"baseline": Baseline(), "PI": pi(scales), "LPES": lpes(scales), "Dynamic NTK": DynamicNTK(),
+               **{m.name: m for m in caliope_all()}, "Attention Buckets": AttentionBuckets()}
+
+    def run(method):
+        evaluate_samples(model, tok, samples, method=method, settings=settings, progress=False)
+
+    times = interleaved_times({name: (lambda m=m: run(m)) for name, m in methods.items()}, args.rounds)
+    times["seconds_per_sample"] = times["seconds"] / len(samples)
+    table = ratio_to_baseline(times, "baseline")
+    table["median_s_per_sample"] = table["median_s"] / len(samples)
+    print(table.round(3).to_string(index=False))
+    args.out.mkdir(parents=True, exist_ok=True)
+    times.to_csv(args.out / "latency.csv", index=False)
+    meta = {"model": "smollm2-135m", "dtype": "float32", "threads": torch.get_num_threads(), "prompts": len(samples),
+            "mean_prompt_tokens": round(sum(len(tok(s.prompt).input_ids) for s in samples) / len(samples)),
+            "rounds": args.rounds, "max_new_tokens": args.new_tokens,
+            "note": "Dynamic NTK is a no-op below the model's 8192 positions, as in transformers"}
+    (args.out / "latency.json").write_text(json.dumps({**meta, "methods": table.round(4).to_dict(orient="records")}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
