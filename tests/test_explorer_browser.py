@@ -82,17 +82,28 @@ def _read(page, selector: str) -> str:
 
 
 def _settled_state(page) -> tuple[str, str]:
-    """Points and scales once the kernel has worked through every drag event: the kernel is idle and
-    two reads 0.7 s apart agree (the two texts arrive as separate widget messages)."""
+    """Points and scales once the page has caught up with every drag event: the kernel is idle, two
+    reads 0.5 s apart agree, and the scales shown are those of the points shown (the two texts arrive
+    as separate widget messages, and the kernel works through the queued move events after mouse-up).
+    Bounded at 30 s: a page that stays inconsistent fails the test."""
     last = None
     for _ in range(60):
         page.wait_for_function(KERNEL_IDLE, timeout=30_000)
         state = (_read(page, ".lpes-points"), _read(page, ".lpes-scales"))
-        if state == last:
+        if state == last and _consistent(*state):
             return state
         last = state
-        page.wait_for_timeout(700)
-    raise AssertionError(f"the explorer never settled; last state {last}")
+        page.wait_for_timeout(500)
+    raise AssertionError(f"the explorer never settled to a consistent state; last state {last}")
+
+
+def _parse(points_text: str, scales_text: str):
+    return np.array(json.loads(points_text.split(":", 1)[1])), [float(v) for v in re.findall(r"\d+\.\d+", scales_text)]
+
+
+def _consistent(points_text: str, scales_text: str) -> bool:
+    points, scales = _parse(points_text, scales_text)
+    return len(scales) == 30 and np.allclose(scales, layer_scales(points, 30), atol=1e-4)
 
 
 def test_dragging_a_control_point_updates_the_scales(lab):
@@ -128,9 +139,7 @@ def test_dragging_a_control_point_updates_the_scales(lab):
             page.mouse.up()
             page.wait_for_function(
                 "(before) => document.querySelector('.lpes-scales').innerText !== before", arg=before, timeout=20_000)
-            points_text, scales_text = _settled_state(page)
-            shown_scales = [float(v) for v in re.findall(r"\d+\.\d+", scales_text)]
-            points = np.array(json.loads(points_text.split(":", 1)[1]))
+            points, shown_scales = _parse(*_settled_state(page))
             page.screenshot(path=str(artifacts / "explorer_after_drag.png"), full_page=True)
         finally:
             context.close()
