@@ -246,9 +246,13 @@ def text_windows(token_ids: list[int], length: int, n: int, seed: int = 0) -> li
     return [token_ids[s * length : (s + 1) * length] for s in starts]
 
 
-def filler_sentences(text: str, n: int, seed: int = 0) -> list[str]:
-    """``n`` consecutive sentences of the book text from a seeded start (filler for two-fact QA)."""
-    sentences = [s.strip() + "." for s in text.replace("\n", " ").split(".") if len(s.strip()) > 20]
+def book_sentences(text: str) -> list[str]:
+    """The book text as sentences (longer than 20 characters); split once, then sample from it."""
+    return [s.strip() + "." for s in text.replace("\n", " ").split(".") if len(s.strip()) > 20]
+
+
+def filler_sentences(sentences: list[str], n: int, seed: int = 0) -> list[str]:
+    """``n`` consecutive sentences from a seeded start (filler for two-fact QA)."""
     start = random.Random(seed).randrange(len(sentences) - n)
     return sentences[start : start + n]
 

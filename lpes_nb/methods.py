@@ -189,8 +189,13 @@ class AttentionBuckets(Method):
         theta = model.config.rope_parameters["rope_theta"]
         return [theta * b / 10000.0 for b in range(10000, 28001, 3000)]
 
-    def _pass(self, model, base, **inputs):
-        with RopePatch(model, [RopeSpec(base=base)] * find_rope_stack(model).num_layers):
+    def _patches(self, model) -> list[RopePatch]:
+        layers = find_rope_stack(model).num_layers
+        return [RopePatch(model, [RopeSpec(base=b)] * layers) for b in self.bucket_bases(model)]
+
+    @staticmethod
+    def _pass(model, patch: RopePatch, **inputs):
+        with patch:
             return model(**inputs)
 
     @staticmethod
@@ -200,19 +205,19 @@ class AttentionBuckets(Method):
         return (weights[..., None] * stacked).sum(0)
 
     def forward(self, model, ids, mask, positions, keep):
-        return self.combine([self._pass(model, b, input_ids=ids, attention_mask=mask, position_ids=positions,
-                                        logits_to_keep=keep).logits for b in self.bucket_bases(model)])
+        return self.combine([self._pass(model, p, input_ids=ids, attention_mask=mask, position_ids=positions,
+                                        logits_to_keep=keep).logits for p in self._patches(model)])
 
     def generate(self, model, ids, mask, max_new_tokens):
         from transformers import DynamicCache
 
-        bases = self.bucket_bases(model)
-        caches = [DynamicCache(config=model.config) for _ in bases]
+        patches = self._patches(model)
+        caches = [DynamicCache(config=model.config) for _ in patches]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         step_ids, out = ids, []
         for _ in range(max_new_tokens):
-            logits = [self._pass(model, b, input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits for b, cache in zip(bases, caches)]
+            logits = [self._pass(model, p, input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits for p, cache in zip(patches, caches)]
             nxt = self.combine(logits)[:, -1].argmax(-1)
             out.append(nxt)
             step_ids = nxt[:, None]

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples, rope_context
 from .metrics import perplexity
-from .rope import RopePatch, RopeSpec, find_rope_stack
+from .rope import RopeSpec, find_rope_stack
 
 
 @torch.inference_mode()
@@ -58,24 +58,21 @@ def coarsening_perplexity(model, windows, ks: Sequence[int], layers: Sequence[in
     return pd.DataFrame(rows)
 
 
-@torch.inference_mode()
-def _layer_output_shift(model, ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """Per-token norm of the change masking RoPE makes to ``layer``'s output (inputs held fixed)."""
+def _capture_outputs(model, ids: torch.Tensor, layers: Sequence[int], specs=None) -> dict[int, torch.Tensor]:
+    """Output hidden states of the given layers in one forward (under optional specs)."""
     stack = find_rope_stack(model)
-    captured = {}
-
-    def grab(module, args, output):
-        captured.setdefault("out", []).append(output[0] if isinstance(output, tuple) else output)
-
-    handle = stack.layers[layer].register_forward_hook(grab)
+    captured, handles = {}, []
+    for layer in layers:
+        def grab(module, args, output, layer=layer):
+            captured[layer] = output[0] if isinstance(output, tuple) else output
+        handles.append(stack.layers[layer].register_forward_hook(grab))
     try:
-        model(ids)
-        with RopePatch(model, {layer: RopeSpec(mask=True)}):
+        with rope_context(model, specs):
             model(ids)
     finally:
-        handle.remove()
-    plain, masked = captured["out"]
-    return (masked - plain).norm(dim=-1, keepdim=True)
+        for h in handles:
+            h.remove()
+    return captured
 
 
 @torch.inference_mode()
@@ -85,9 +82,12 @@ def noise_control_perplexity(model, windows, layers: Sequence[int] | None = None
     noise, the layer's loss is positional, not a generic perturbation."""
     stack = find_rope_stack(model)
     ids = torch.tensor([list(w) for w in windows])
+    chosen = _layers(model, layers)
+    plain = _capture_outputs(model, ids, chosen)  # one unpatched forward serves every layer
     rows = []
-    for layer in tqdm(_layers(model, layers), desc="same-norm noise, layer by layer", leave=False):
-        norms = _layer_output_shift(model, ids, layer)
+    for layer in tqdm(chosen, desc="same-norm noise, layer by layer", leave=False):
+        masked = _capture_outputs(model, ids, [layer], {layer: RopeSpec(mask=True)})[layer]
+        norms = (masked - plain[layer]).norm(dim=-1, keepdim=True)
         gen = torch.Generator().manual_seed(seed + layer)
         noise = torch.randn(norms.shape[:-1] + (model.config.hidden_size,), generator=gen)
         noise = noise / noise.norm(dim=-1, keepdim=True) * norms

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from .data import (
     Sample,
+    book_sentences,
     filler_sentences,
     generate_kv,
     kv_sample,
@@ -74,8 +75,8 @@ class TaskConfig:
         if self.task == "passkey":
             return [replace(passkey_sample(self.num_items, d, self.seed + i, i), position=p)
                     for p, d in zip(positions, depths) for i in range(self.n)]
-        text = long_text(data_dir)
-        return [replace(two_fact_sample(filler_sentences(text, self.num_items, self.seed + i), d, self.seed + i, i), position=p)
+        sentences = book_sentences(long_text(data_dir))
+        return [replace(two_fact_sample(filler_sentences(sentences, self.num_items, self.seed + i), d, self.seed + i, i), position=p)
                 for p, d in zip(positions, depths) for i in range(self.n)]
 
 
