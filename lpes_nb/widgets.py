@@ -60,12 +60,13 @@ class BezierExplorer:
         self.results_dir, self.evaluate_fn = Path(results_dir), evaluate
         self.points = default_points(num_layers, count)
         self._syncing = False
+        self._dragging = False  # while True the handles are the browser's: writing them back mid-drag races it
 
         xs, ys = bq.LinearScale(min=0, max=num_layers - 1), bq.LinearScale(min=0.95, max=2.05)
         self._line = bq.Lines(scales={"x": xs, "y": ys}, colors=["#0072B2"])
         self._layers = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#0072B2"], default_size=12)
         self._handles = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#D55E00"], default_size=160,
-                                   enable_move=True, update_on_move=False, restrict_x=False)
+                                   enable_move=True, update_on_move=True, restrict_x=False)
         self.curve_figure = bq.Figure(
             marks=[self._line, self._layers, self._handles], title="drag the control points",
             axes=[bq.Axis(scale=xs, label="x (layer units)"), bq.Axis(scale=ys, side="left", label="scale")],
@@ -79,6 +80,8 @@ class BezierExplorer:
             axes=[bq.Axis(scale=bx, label="layer"), bq.Axis(scale=by, side="left", label="scale")],
             layout=w.Layout(width="520px", height="340px"), fig_margin=dict(top=40, bottom=45, left=55, right=15))
         self._handles.observe(self._on_drag, names=["x", "y"])
+        self._handles.on_drag_start(self._on_drag_start)
+        self._handles.on_drag_end(self._on_drag_end)
 
         self._curve_menu = w.Dropdown(options=list(CURVES), value=curve, description="curve")
         self._count = w.IntSlider(value=count, min=2, max=min(6, num_layers), description="points")
@@ -134,6 +137,14 @@ class BezierExplorer:
         moved = np.flatnonzero(np.any(np.abs(new - self.points) > 1e-12, axis=1))
         self.set_points(new, int(moved[0]) if len(moved) == 1 else None)
 
+    def _on_drag_start(self, _mark, _event) -> None:
+        self._dragging = True
+
+    def _on_drag_end(self, _mark, _event) -> None:
+        # the drop is the moment to show where the constraints stopped the point
+        self._dragging = False
+        self._refresh()
+
     def _on_slider(self, k: int, axis: int, value: float) -> None:
         if self._syncing:
             return
@@ -159,8 +170,9 @@ class BezierExplorer:
             draw_x = layer_positions(self.points, _DRAW_POINTS)
             draw_y = layer_scales(self.points, _DRAW_POINTS, self.curve)
             scales = self.scales
-            with self._handles.hold_sync():
-                self._handles.x, self._handles.y = self.points[:, 0], self.points[:, 1]
+            if not self._dragging:
+                with self._handles.hold_sync():
+                    self._handles.x, self._handles.y = self.points[:, 0], self.points[:, 1]
             self._line.x, self._line.y = draw_x, draw_y
             self._layers.x, self._layers.y = layer_positions(self.points, self.num_layers), scales
             self._bars.y = scales

@@ -55,6 +55,22 @@ def test_explorer_state_follows_a_drag_and_exports(tmp_path):
     assert saved["scales"] == pytest.approx(ex.scales) and saved["curve"] == "step"
 
 
+def test_handles_are_left_to_the_browser_mid_drag_and_clamped_on_drop(tmp_path):
+    from lpes_nb.widgets import BezierExplorer
+
+    ex = BezierExplorer(30, 4, results_dir=tmp_path)
+    assert ex._handles.update_on_move  # live scales while dragging
+    ex._on_drag_start(ex._handles, {"event": "drag_start", "index": 1})
+    x, y = np.array(ex._handles.x, float), np.array(ex._handles.y, float)
+    x[1], y[1] = 26.0, 1.8  # past point 2
+    ex._handles.x, ex._handles.y = x, y
+    ex._on_drag(None)
+    assert ex._handles.x[1] == 26.0  # not written back while the browser still moves the point
+    assert ex.points[1, 0] < ex.points[2, 0] and f"{ex.scales[15]:.4f}" in ex._values.value  # shown live, clamped
+    ex._on_drag_end(ex._handles, {"event": "drag_end", "index": 1})
+    assert np.array_equal(ex._handles.x, ex.points[:, 0]) and ex._handles.x[1] < ex._handles.x[2]
+
+
 def test_explorer_loads_the_best_ga_result(tmp_path):
     from lpes_nb.search import save_scales
     from lpes_nb.widgets import BezierExplorer
