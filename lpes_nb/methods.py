@@ -7,8 +7,8 @@ NTK) or its document membership (CALIOPE). Pass one to ``evaluate_samples(..., m
 Methods that combine several passes (Attention Buckets) also provide ``forward`` (scoring) and
 ``generate`` (greedy decoding), which the evaluator uses instead of the model's own.
 
-Implemented: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets.
-Not yet: Ms-PoE, MoICE, LASP, the gradient-based search.
+Implemented: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets,
+Ms-PoE, LASP.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .rope import RopePatch, RopeSpec, dynamic_ntk_base, find_rope_stack, scale_specs
+from .rope import RopePatch, RopeSpec, positive_real, dynamic_ntk_base, find_rope_stack, scale_specs
 
 
 class Method:
@@ -224,3 +224,99 @@ class AttentionBuckets(Method):
             mask = torch.cat([mask, torch.ones_like(step_ids)], dim=1)
             positions = positions[:, -1:] + 1
         return torch.stack(out, dim=1)
+
+
+def rank_scales(scores: torch.Tensor, min_scale: float, max_scale: float) -> torch.Tensor:
+    """Scales from ``min_scale`` (lowest score) to ``max_scale`` (highest) by each head's *rank*
+    along the last axis. (The public Ms-PoE code indexes the scales with argsort, which is the
+    inverse permutation of the ranks: a known bug that gives most heads another head's scale.)"""
+    heads = scores.shape[-1]
+    ranks = scores.argsort(dim=-1).argsort(dim=-1).float()
+    return min_scale + (max_scale - min_scale) * ranks / max(heads - 1, 1)
+
+
+@dataclass(frozen=True)
+class OutlierHeadScales:
+    """Ms-PoE's head scaler: from the un-rotated attention of the last query over the real keys,
+    score = −(fraction of keys with weight > k · mean weight); heads with many outlier keys
+    (position-sensitive) get the small scales. With grouped-query attention the scores of a key
+    head's query heads are averaged (their keys, and so their rotation, are shared)."""
+
+    min_scale: float = 1.2
+    max_scale: float = 1.8
+    k: float = 3.0
+
+    def __call__(self, q_last: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        batch, heads_q, dim = q_last.shape
+        heads_kv = keys.shape[1]
+        keys = keys.repeat_interleave(heads_q // heads_kv, dim=1)  # [B, H_q, T, D]
+        logits = torch.einsum("bhd,bhtd->bht", q_last.float(), keys.float()) / dim**0.5
+        logits = logits.masked_fill(~valid[:, None], float("-inf"))
+        attn = logits.softmax(-1)
+        count = valid.sum(-1, keepdim=True).float()  # [B, 1]
+        outliers = ((attn > self.k / count[..., None]) & valid[:, None]).sum(-1) / count  # mean weight = 1/count
+        scores = -outliers.view(batch, heads_kv, -1).mean(-1)
+        return rank_scales(scores, self.min_scale, self.max_scale)
+
+
+@dataclass
+class MsPoE(Method):
+    """Ms-PoE: head-wise positional interpolation (scales ``min_scale``..``max_scale`` ordered by
+    the outlier score of each head on the prefill) in layers ``first_layer``..L−1."""
+
+    min_scale: float = 1.2
+    max_scale: float = 1.8
+    first_layer: int = 2
+    name = "Ms-PoE"
+
+    def __post_init__(self):
+        positive_real(self.min_scale, "Ms-PoE min scale"), positive_real(self.max_scale, "Ms-PoE max scale")
+        if self.min_scale > self.max_scale:
+            raise ValueError(f"Ms-PoE needs min_scale <= max_scale, got {self.min_scale} > {self.max_scale}")
+
+    def specs(self, model, length, segments):
+        n = find_rope_stack(model).num_layers
+        if not 0 <= self.first_layer < n:
+            raise ValueError(f"Ms-PoE first_layer {self.first_layer} is out of range [0, {n - 1}]")
+        spec = RopeSpec(heads=OutlierHeadScales(self.min_scale, self.max_scale))
+        return [None] * self.first_layer + [spec] * (n - self.first_layer)
+
+
+@dataclass
+class LASP(Method):
+    """LASP-style layer schedules ("anchor" in shallow layers, "reason" in deep ones): layers up to
+    the anchor depth ``anchor`` (a fraction of the depth) keep the model's RoPE; after it the scale
+    rises linearly to ``max_scale`` at the last layer (``kind="scale"``), the base grows
+    geometrically to ``base_factor`` × the model's base (``"base"``), or both (``"both"``)."""
+
+    kind: str = "both"
+    anchor: float = 0.5
+    max_scale: float = 2.0
+    base_factor: float = 4.0
+
+    def __post_init__(self):
+        if self.kind not in ("scale", "base", "both"):
+            raise ValueError(f"unknown LASP variant {self.kind!r}; choose scale, base or both")
+        if not 0.0 <= self.anchor < 1.0:
+            raise ValueError(f"LASP anchor depth must be in [0, 1), got {self.anchor!r}")
+        if positive_real(self.max_scale, "LASP max scale") < 1 or positive_real(self.base_factor, "LASP base factor") < 1:
+            raise ValueError(f"LASP max_scale and base_factor must be >= 1, got {self.max_scale}, {self.base_factor}")
+
+    @property
+    def name(self) -> str:
+        return f"LASP-{self.kind}"
+
+    def schedule(self, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, base multiplier) per layer: flat up to the anchor layer, then rising."""
+        anchor = int(round(self.anchor * (num_layers - 1)))
+        depth = np.clip((np.arange(num_layers) - anchor) / max(num_layers - 1 - anchor, 1), 0.0, 1.0)
+        scales = 1.0 + (self.max_scale - 1.0) * depth if self.kind != "base" else np.ones(num_layers)
+        bases = self.base_factor**depth if self.kind != "scale" else np.ones(num_layers)
+        return scales, bases
+
+    def specs(self, model, length, segments):
+        rope = model.config.rope_parameters
+        if "rope_theta" not in rope:
+            raise ValueError("LASP here needs a single RoPE base (not one per attention type)")
+        scales, bases = self.schedule(find_rope_stack(model).num_layers)
+        return [RopeSpec(scale=float(s), base=None if b == 1.0 else float(rope["rope_theta"] * b)) for s, b in zip(scales, bases)]

@@ -4,12 +4,18 @@ For layer l the rotary angle of position p and frequency d is ``phi_l(p) * inv_f
 ``phi_l`` is a position transform (remap, coarsen, mask) and ``inv_freq_l`` a frequency table (the
 model's own, or one built from another base, divided by a scale). LPES, positional interpolation,
 masking and coarsening probes, CALIOPE remaps and per-layer base schedules are all such specs.
+A spec may also divide the frequencies per key/value head (``heads``: Ms-PoE's head-wise scales).
 
 How it works: a forward pre-hook on each patched decoder layer replaces the ``position_embeddings``
 (cos, sin) that the model computed once for all layers with the pair for that layer's spec. Queries
 and keys are rotated inside the attention before the KV cache is updated, so cached keys carry
 their layer's rotation and ``generate()`` stays consistent. Nothing in the model is modified: the
 patch only adds hooks, and removing them restores the model bit for bit.
+
+Head-wise specs use the same tables with one more axis. The layer then receives the identity
+rotation (cos 1, sin 0, which leaves q and k unchanged exactly) and forward hooks on the modules
+that produce the per-head queries and keys (``q_norm``/``k_norm`` where the model has them, else
+``q_proj``/``k_proj``) rotate each head with its own table, before the keys are cached.
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from torch import nn
 # A position remap receives integer position ids [B, T] and, when the caller supplied them,
 # per-token segment ids of the same shape; it returns (float or integer) positions [B, T].
 PositionRemap = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# Head-wise scales computed from the input at prefill: called with the un-rotated query of the last
+# token [B, H_q, D], the un-rotated keys [B, H_kv, T, D] and a key mask [B, T] (True = real token),
+# it returns one scale per key/value head [B, H_kv]; decoding steps reuse the prefill's scales.
+HeadScaler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _positive_real(value, what: str) -> float:
+def positive_real(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
     return float(value)
@@ -44,6 +54,9 @@ class RopeSpec:
     coarsen: p -> floor(p / coarsen) (integer k >= 1).
     mask:    every position 0, i.e. no rotation at all in this layer (NoPE).
     remap:   an arbitrary position function f(position_ids, segment_ids), applied before coarsening.
+    heads:   per key/value head scales multiplying ``scale`` (a tuple), or a :data:`HeadScaler` that
+             computes them from the prefill. With grouped-query attention all query heads of a group
+             share their key head's scale (rotating q and k alike keeps attention relative).
     """
 
     scale: float = 1.0
@@ -51,11 +64,12 @@ class RopeSpec:
     coarsen: int = 1
     mask: bool = False
     remap: PositionRemap | None = None
+    heads: tuple[float, ...] | HeadScaler | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "scale", _positive_real(self.scale, "RoPE scale"))
+        object.__setattr__(self, "scale", positive_real(self.scale, "RoPE scale"))
         if self.base is not None:
-            base = _positive_real(self.base, "RoPE base")
+            base = positive_real(self.base, "RoPE base")
             if base <= 1:
                 raise ValueError(f"RoPE base must be > 1, got {self.base!r}")
             object.__setattr__(self, "base", base)
@@ -65,6 +79,11 @@ class RopeSpec:
         object.__setattr__(self, "coarsen", int(k))
         if self.remap is not None and not callable(self.remap):
             raise ValueError(f"remap must be callable(position_ids, segment_ids), got {self.remap!r}")
+        if self.heads is not None and not callable(self.heads):
+            heads = tuple(positive_real(h, "head scale") for h in self.heads)
+            if not heads:
+                raise ValueError("heads must hold one scale per key/value head, got an empty sequence")
+            object.__setattr__(self, "heads", heads)
 
     def positions(self, position_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The transformed positions phi(p) as float32."""
@@ -183,6 +202,9 @@ class RopePatch:
         self._handles: list = []
         self._cache: dict = {}
         self._segment_ids: torch.Tensor | None = None
+        self._attention_mask: torch.Tensor | None = None  # the decoder's 2-D mask, for head scalers
+        self._positions: dict[int, torch.Tensor] = {}  # per head-wise layer: phi(p) of this forward
+        self._head_scales: dict[int, torch.Tensor] = {}  # per head-wise layer: [B, H_kv], kept for decoding
 
     @property
     def active(self) -> bool:
@@ -193,11 +215,13 @@ class RopePatch:
         if current is not None:
             raise RuntimeError("a RoPE patch is already applied to this model; remove it before applying another")
         try:
-            self._handles.append(self.stack.decoder.register_forward_pre_hook(self._start_forward))
+            self._handles.append(self.stack.decoder.register_forward_pre_hook(self._start_forward, with_kwargs=True))
             for layer, spec in enumerate(self.specs):
                 if spec is not None:
                     hook = self._layer_hook(layer, spec)
                     self._handles.append(self.stack.layers[layer].register_forward_pre_hook(hook, with_kwargs=True))
+                    if spec.heads is not None:
+                        self._add_head_hooks(layer, spec)
         except BaseException:
             self.remove()
             raise
@@ -209,6 +233,8 @@ class RopePatch:
             handle.remove()
         self._handles.clear()
         self._cache.clear()
+        self._positions.clear()
+        self._head_scales.clear()
         if getattr(self.model, self._ATTR, None) is self:
             delattr(self.model, self._ATTR)
 
@@ -232,9 +258,11 @@ class RopePatch:
         finally:
             self._segment_ids = previous
 
-    def _start_forward(self, module, args) -> None:
+    def _start_forward(self, module, args, kwargs) -> None:
         # cos/sin are shared by all layers with the same spec, but only within one forward pass.
         self._cache.clear()
+        mask = kwargs.get("attention_mask")
+        self._attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
     def _segments_for(self, position_ids: torch.Tensor) -> torch.Tensor | None:
         if self._segment_ids is None:
@@ -252,7 +280,12 @@ class RopePatch:
                     "arguments; this architecture is not supported by the per-layer RoPE patch"
                 )
             hidden = args[0] if args else kwargs["hidden_states"]
-            kwargs["position_embeddings"] = self._cos_sin(layer, spec, kwargs["position_ids"], hidden)
+            if spec.heads is None:
+                kwargs["position_embeddings"] = self._cos_sin(layer, spec, kwargs["position_ids"], hidden)
+            else:  # the head hooks rotate q and k; the layer's own rotation becomes the identity
+                position_ids = kwargs["position_ids"]
+                self._positions[layer] = spec.positions(position_ids, self._segments_for(position_ids))
+                kwargs["position_embeddings"] = self._cos_sin(layer, RopeSpec(mask=True), position_ids, hidden)
             return args, kwargs
 
         return hook
@@ -270,3 +303,65 @@ class RopePatch:
             sin = emb.sin() * attention_scaling
             self._cache[key] = (cos.to(dtype=hidden.dtype), sin.to(dtype=hidden.dtype))
         return self._cache[key]
+
+    def _add_head_hooks(self, layer: int, spec: RopeSpec) -> None:
+        attn = getattr(self.stack.layers[layer], "self_attn", None)
+        q_mod = getattr(attn, "q_norm", None) or getattr(attn, "q_proj", None)
+        k_mod = getattr(attn, "k_norm", None) or getattr(attn, "k_proj", None)
+        if q_mod is None or k_mod is None or not hasattr(attn, "head_dim"):
+            raise ValueError(f"layer {layer} has no self_attn with q_proj/k_proj; head-wise RoPE specs need them")
+        config = self.model.config
+        heads_q, heads_kv = config.num_attention_heads, config.num_key_value_heads
+        if not callable(spec.heads) and len(spec.heads) != heads_kv:
+            raise ValueError(f"layer {layer}: got {len(spec.heads)} head scales, the model has {heads_kv} key/value heads")
+        if callable(spec.heads):
+            self._handles.append(attn.register_forward_pre_hook(self._scaler_hook(layer, spec, attn), with_kwargs=True))
+        for module, heads in ((q_mod, heads_q), (k_mod, heads_kv)):
+            self._handles.append(module.register_forward_hook(self._rotate_hook(layer, spec, attn.head_dim, heads, heads_kv)))
+
+    def _scaler_hook(self, layer: int, spec: RopeSpec, attn: nn.Module):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if hidden.shape[1] == 1 and layer in self._head_scales:
+                return None  # a decoding step keeps the prefill's head scales
+            # .forward() skips the module hooks: these projections only feed the scaler
+            q = attn.q_proj.forward(hidden[:, -1:]).view(hidden.shape[0], -1, attn.head_dim)
+            k = attn.k_proj.forward(hidden).view(*hidden.shape[:2], -1, attn.head_dim)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
+            mask = self._attention_mask
+            valid = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device) if mask is None else mask[:, -hidden.shape[1]:].bool()
+            self._head_scales[layer] = spec.heads(q, k.transpose(1, 2), valid).float()
+            return None
+
+        return hook
+
+    def _rotate_hook(self, layer: int, spec: RopeSpec, head_dim: int, heads: int, heads_kv: int):
+        layout: list[bool] = []  # [heads_first], learned from the first call whose shape tells
+
+        def hook(module, args, output):
+            tokens = self._positions[layer].shape[1]
+            if output.dim() == 4:  # after a per-head norm: [B, T, H, D] (Qwen3) or [B, H, T, D] (Gemma-3)
+                if output.shape[1] != output.shape[2]:
+                    layout[:] = [output.shape[1] == heads and output.shape[2] == tokens]
+                elif not layout:
+                    raise RuntimeError(f"layer {layer}: cannot tell the head axis of a {tuple(output.shape)} query/key "
+                                       "tensor when the input length equals the number of heads; run a longer input first")
+                if layout[0]:
+                    output = output.transpose(1, 2)
+            x = output.reshape(*output.shape[:2], heads, head_dim)  # [B, T, H, D]
+            per_kv = self._head_scales[layer] if callable(spec.heads) else torch.tensor([spec.heads], device=x.device)
+            per_head = per_kv.repeat_interleave(heads // heads_kv, dim=1)  # [B or 1, H]
+            native, attention_scaling = self.stack.inv_freq(layer, spec)
+            inv_freq = native.to(device=x.device, dtype=torch.float)[None, None, :] / per_head[:, :, None]  # [B, H, D/2]
+            # Same operations as the model's rotation (here with a head axis), so unit head scales
+            # reproduce it bit for bit.
+            freqs = self._positions[layer][:, :, None, None] * inv_freq[:, None]  # [B, T, H, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = (emb.cos() * attention_scaling).to(x.dtype), (emb.sin() * attention_scaling).to(x.dtype)
+            half = head_dim // 2
+            rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            out = (x * cos + rotated * sin).view(output.shape)
+            return out.transpose(1, 2) if output.dim() == 4 and layout[0] else out
+
+        return hook

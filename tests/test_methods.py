@@ -8,7 +8,19 @@ from hypothesis import strategies as st
 
 from lpes_nb.data import Sample, qa_prompt
 from lpes_nb.evaluate import evaluate_samples, token_segments
-from lpes_nb.methods import Baseline, Caliope, DynamicNTK, SegmentOffsets, caliope_all, lpes, pi
+from lpes_nb.methods import (
+    LASP,
+    Baseline,
+    Caliope,
+    DynamicNTK,
+    MsPoE,
+    OutlierHeadScales,
+    SegmentOffsets,
+    caliope_all,
+    lpes,
+    pi,
+    rank_scales,
+)
 
 
 def _mdqa_like(n=3, docs=5):
@@ -48,7 +60,8 @@ def test_degenerate_settings_equal_the_baseline_and_restore_the_model(tiny_llama
         before = tiny_llama(ids).logits
     base = _logprobs(tiny_llama, tokenizer, Baseline())
     degenerate = [pi(1.0, 4), lpes([1.0] * 4), DynamicNTK(factor=2.0),  # inputs inside the window: no change
-                  Caliope("moses", gap=0), Caliope("hourglass", delta_min=0, delta_max=0), Caliope("decay", delta_0=0)]
+                  Caliope("moses", gap=0), Caliope("hourglass", delta_min=0, delta_max=0), Caliope("decay", delta_0=0),
+                  MsPoE(1.0, 1.0), *(LASP(kind, max_scale=1.0, base_factor=1.0) for kind in ("scale", "base", "both"))]
     for method in degenerate:
         assert np.array_equal(_logprobs(tiny_llama, tokenizer, method), base), method.name
     with torch.no_grad():
@@ -58,8 +71,8 @@ def test_degenerate_settings_equal_the_baseline_and_restore_the_model(tiny_llama
 def test_non_degenerate_settings_change_the_outputs(tiny_llama, tokenizer):
     base = _logprobs(tiny_llama, tokenizer, Baseline())
     for method in [pi([1.0, 2.0, 3.0, 2.0]), lpes([1.0, 2.0, 3.0, 2.0]), DynamicNTK(4.0, original_max_positions=32),
-                   *caliope_all()]:
-        assert not np.allclose(_logprobs(tiny_llama, tokenizer, method), base, atol=1e-6), method.name
+                   *caliope_all(), MsPoE(first_layer=0), *(LASP(kind, anchor=0.0) for kind in ("scale", "base", "both"))]:
+        assert np.abs(_logprobs(tiny_llama, tokenizer, method) - base).max() > 1e-6, method.name
 
 
 def test_pi_uses_the_mean_of_the_lpes_scales():
@@ -119,3 +132,36 @@ def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
     buckets = AttentionBuckets()
     assert buckets.bucket_bases(tiny_llama) == [10000.0, 13000.0, 16000.0, 19000.0, 22000.0, 25000.0, 28000.0]
     assert not np.allclose(_logprobs(tiny_llama, tokenizer, buckets), _logprobs(tiny_llama, tokenizer, Baseline()))
+
+
+def test_ms_poe_assigns_scales_by_rank_not_argsort():
+    scores = torch.tensor([[0.3, 0.1, 0.2]])  # ranks 2, 0, 1; argsort 1, 2, 0
+    assert rank_scales(scores, 1.2, 1.8)[0].tolist() == pytest.approx([1.8, 1.2, 1.5])
+    argsort_bug = 1.2 + 0.6 * scores.argsort(-1).float() / 2
+    assert not torch.allclose(rank_scales(scores, 1.2, 1.8), argsort_bug)
+
+
+def test_outlier_score_gives_position_sensitive_heads_the_small_scales():
+    torch.manual_seed(0)
+    T, D = 12, 8
+    q = torch.zeros(1, 3, D)
+    q[0, :, 0] = 4.0
+    keys = torch.zeros(1, 3, T, D)  # head 0: every key alike -> flat attention, no outliers
+    keys[0, 1, 5, 0] = 4.0  # head 1: one key stands out
+    keys[0, 2, [2, 7, 9], 0] = 4.0  # head 2: three keys stand out
+    valid = torch.ones(1, T, dtype=torch.bool)
+    scales = OutlierHeadScales(1.2, 1.8)(q, keys, valid)
+    assert scales[0].tolist() == pytest.approx([1.8, 1.5, 1.2])
+    # padded keys do not count: masking out head 2's outliers makes it the flattest head
+    valid[0, [2, 7, 9]] = False
+    assert OutlierHeadScales(1.2, 1.8)(q, keys, valid)[0, 2].item() == pytest.approx(1.8)
+
+
+def test_lasp_schedules_are_flat_to_the_anchor_then_rise():
+    scales, bases = LASP("both", anchor=0.5, max_scale=2.0, base_factor=4.0).schedule(5)
+    assert scales.tolist() == [1.0, 1.0, 1.0, 1.5, 2.0] and bases.tolist() == [1.0, 1.0, 1.0, 2.0, 4.0]
+    assert LASP("scale").schedule(5)[1].tolist() == [1.0] * 5 and LASP("base").schedule(5)[0].tolist() == [1.0] * 5
+    with pytest.raises(ValueError, match="anchor depth must be in \\[0, 1\\), got 1.5"):
+        LASP(anchor=1.5)
+    with pytest.raises(ValueError, match="min_scale <= max_scale, got 2.0 > 1.0"):
+        MsPoE(2.0, 1.0)

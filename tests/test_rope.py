@@ -168,6 +168,89 @@ def test_segment_ids_past_the_prompt_take_the_last_segment(tiny_llama):
     assert got.tolist() == [[0, 2, 2, 2]]
 
 
+# --- head-wise specs (Ms-PoE) ---------------------------------------------------------------------
+
+
+def test_unit_head_scales_are_bit_identical_and_equal_head_scales_equal_the_layer_scale(tiny):
+    ids = _ids()
+    heads = tiny.config.num_key_value_heads
+    n = tiny.config.num_hidden_layers
+    base = _logits(tiny, ids)
+    with RopePatch(tiny, [RopeSpec(heads=(1.0,) * heads)] * n):
+        assert torch.equal(_logits(tiny, ids), base)
+    with RopePatch(tiny, [RopeSpec(heads=(1.7,) * heads)] * n):
+        headwise = _logits(tiny, ids)
+    with RopePatch(tiny, scale_specs([1.7] * n)):
+        assert (headwise - _logits(tiny, ids)).abs().max().item() <= 1e-5
+    assert (headwise - base).abs().max().item() > 1e-4
+
+
+def _reference_headwise_layer(model, layer, hidden, positions, factors):
+    """One Llama decoder layer written out by hand: key/value head j and its query heads rotated by a
+    fresh transformers rotary module with linear factor ``factors[j]``; eager causal attention."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    attn, (B, T, _) = layer.self_attn, hidden.shape
+    h = layer.input_layernorm(hidden)
+    q, k, v = (proj(h).view(B, T, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    g = attn.num_key_value_groups
+    qs, ks = [], []
+    for j, factor in enumerate(factors):
+        config = copy.deepcopy(model.config)
+        config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": factor}
+        cos, sin = type(model.model.rotary_emb)(config)(h, positions)
+        qj, kj = apply_rotary_pos_emb(q[:, j * g : (j + 1) * g], k[:, j : j + 1], cos, sin)
+        qs.append(qj), ks.append(kj)
+    q, k, v = torch.cat(qs, 1), repeat_kv(torch.cat(ks, 1), g), repeat_kv(v, g)
+    scores = (q @ k.transpose(-1, -2)) * attn.scaling
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out = attn.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
+    hidden = hidden + out
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def test_head_wise_scales_equal_a_hand_written_attention(tiny_llama):
+    model, factors = tiny_llama, (1.0, 2.5)
+    ids = _ids(batch=1)
+    with torch.no_grad():
+        decoder, positions = model.model, torch.arange(ids.shape[1])[None]
+        hidden = decoder.embed_tokens(ids)
+        cos_sin = decoder.rotary_emb(hidden, positions)
+        for i, layer in enumerate(decoder.layers):
+            if i == 1:
+                hidden = _reference_headwise_layer(model, layer, hidden, positions, factors)
+            else:
+                hidden = layer(hidden, attention_mask=None, position_embeddings=cos_sin, position_ids=positions)
+        expected = model.lm_head(decoder.norm(hidden))
+        with RopePatch(model, {1: RopeSpec(heads=factors)}):
+            got = _logits(model, ids)
+    assert (got - expected).abs().max().item() <= 1e-5
+    assert (_logits(model, ids) - expected).abs().max().item() > 1e-4
+
+
+def test_head_scaler_runs_on_the_prefill_and_its_scales_are_kept_for_decoding(tiny_llama):
+    calls = []
+
+    def scaler(q_last, keys, valid):
+        calls.append((tuple(q_last.shape), tuple(keys.shape), int(valid.sum())))
+        return torch.tensor([[1.3, 2.2]]).expand(q_last.shape[0], -1)
+
+    prompt = _ids(batch=1, length=30)
+    seq, reference, diff = _patched_generate_matches_stepwise(
+        tiny_llama, {2: RopeSpec(heads=scaler), 3: RopeSpec(heads=(1.3, 2.2))}, prompt, steps=6)
+    assert torch.equal(seq, reference) and diff <= 1e-4
+    # shapes: last query [B, H_q, D], keys [B, H_kv, T, D]; in generate() only the prefill calls it
+    assert calls[0] == ((1, 4, 16), (1, 2, 30, 16), 30)
+    with RopePatch(tiny_llama, {2: RopeSpec(heads=scaler)}):
+        calls.clear()
+        tiny_llama.generate(prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="got 3 head scales, the model has 2 key/value heads"):
+        RopePatch(tiny_llama, {0: RopeSpec(heads=(1.0, 1.0, 1.0))}).apply()
+    with pytest.raises(ValueError, match="head scale must be a finite number > 0, got 0"):
+        RopeSpec(heads=(1.0, 0))
+
+
 # --- generation with the KV cache ---------------------------------------------------------------
 
 
