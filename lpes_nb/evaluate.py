@@ -113,6 +113,22 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     return correct, logprob
 
 
+def answer_nll(model, prompts: list[list[int]], targets: list[list[int]], pad_id: int = 0,
+               weights: Sequence[float] | None = None) -> torch.Tensor:
+    """Differentiable teacher-forced loss of the targets: per sample the mean negative
+    log-likelihood of its answer tokens, averaged over the batch with optional ``weights`` (what
+    trainable methods, the MoICE router and the gradient-based scale search, minimise)."""
+    ids, mask = _left_pad([p + t for p, t in zip(prompts, targets)], pad_id)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    keep = max(len(t) for t in targets) + 1
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                   logits_to_keep=keep).logits.float(), dim=-1)
+    losses = torch.stack([-logp[row, keep - 1 - len(t) : keep - 1].gather(1, torch.tensor(t)[:, None]).mean()
+                          for row, t in enumerate(targets)])
+    w = torch.ones(len(targets)) if weights is None else torch.as_tensor(weights, dtype=torch.float)
+    return (losses * w).sum() / w.sum()
+
+
 @torch.inference_mode()
 def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
                     stop_at_newline: bool = True, progress: bool = False, batch_context=None,

@@ -107,6 +107,19 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
 
 
+def rotation_tables(freqs: torch.Tensor, attention_scaling: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) for angles ``freqs`` = position x inv_freq [..., D/2]. Same operations as
+    transformers' rotary forward, so identity and uniform-scale specs reproduce it bit for bit."""
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last axis (rotate-half convention, as transformers' Llama family)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def dynamic_ntk_base(base: float, factor: float, seq_len: int, max_position_embeddings: int, dim: int) -> float:
     """The base that transformers' ``dynamic`` rope type uses for a sequence of ``seq_len`` tokens."""
     seq_len = max(seq_len, max_position_embeddings)
@@ -295,13 +308,8 @@ class RopePatch:
         if key not in self._cache:
             inv_freq, attention_scaling = self.stack.inv_freq(layer, spec)
             positions = spec.positions(position_ids, self._segments_for(position_ids))
-            # Same operations as transformers' rotary forward, so identity and uniform-scale specs
-            # reproduce it bit for bit.
             freqs = positions[..., None] * inv_freq.to(device=hidden.device, dtype=torch.float)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = emb.cos() * attention_scaling
-            sin = emb.sin() * attention_scaling
-            self._cache[key] = (cos.to(dtype=hidden.dtype), sin.to(dtype=hidden.dtype))
+            self._cache[key] = rotation_tables(freqs, attention_scaling, hidden.dtype)
         return self._cache[key]
 
     def _add_head_hooks(self, layer: int, spec: RopeSpec) -> None:
@@ -354,14 +362,8 @@ class RopePatch:
             per_head = per_kv.repeat_interleave(heads // heads_kv, dim=1)  # [B or 1, H]
             native, attention_scaling = self.stack.inv_freq(layer, spec)
             inv_freq = native.to(device=x.device, dtype=torch.float)[None, None, :] / per_head[:, :, None]  # [B, H, D/2]
-            # Same operations as the model's rotation (here with a head axis), so unit head scales
-            # reproduce it bit for bit.
             freqs = self._positions[layer][:, :, None, None] * inv_freq[:, None]  # [B, T, H, D/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = (emb.cos() * attention_scaling).to(x.dtype), (emb.sin() * attention_scaling).to(x.dtype)
-            half = head_dim // 2
-            rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-            out = (x * cos + rotated * sin).view(output.shape)
+            out = rotate(x, *rotation_tables(freqs, attention_scaling, x.dtype)).view(output.shape)
             return out.transpose(1, 2) if output.dim() == 4 and layout[0] else out
 
         return hook

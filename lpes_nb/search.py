@@ -10,12 +10,25 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import LAMBDAS, EvalSettings, PositionFitness, ResultCache, cache_key, evaluate_samples, weighted_fitness
+from .evaluate import (
+    LAMBDAS,
+    EvalSettings,
+    PositionFitness,
+    ResultCache,
+    answer_nll,
+    cache_key,
+    encode,
+    evaluate_samples,
+    target_ids,
+    weighted_fitness,
+)
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .metrics import accuracy_table, u_shape_rho
-from .rope import scale_specs
+from .rope import RopePatch, RopeSpec, scale_specs
 
 
 def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GAConfig, out_dir: Path, name: str,
@@ -33,6 +46,55 @@ def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GACon
     result = search.run()
     result.save(out_dir, name)
     return result
+
+
+class _LearnedScale:
+    """Position remap p -> p / s_l with s_l = 1 + sigmoid(u_l), a differentiable scale in (1, 2)."""
+
+    def __init__(self, raw: torch.Tensor, layer: int):
+        self.raw, self.layer = raw, layer
+
+    def __call__(self, position_ids, segment_ids):
+        return position_ids.float() / (1.0 + torch.sigmoid(self.raw[self.layer]))
+
+
+def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30, batch_size: int = 6, lr: float = 0.1,
+                    lambdas: Sequence[float] = LAMBDAS, seed: int = 0, progress: bool = True) -> tuple[list[float], pd.DataFrame]:
+    """The gradient-based baseline: per-layer scales as parameters (s_l = 1 + sigmoid(u_l), starting
+    at 1.5 like the GA's first individual), optimised with Adam on the answer loss of the search set,
+    each sample weighted by its position's λ (begin / middle / end). Returns the final scales and the
+    per-step history (loss and scales)."""
+    positions = sorted({s.position for s in samples})
+    if len(positions) != 3:
+        raise ValueError(f"the gradient search needs samples at exactly 3 gold positions, got {positions}")
+    weight = dict(zip(positions, lambdas))
+    layers = model.config.num_hidden_layers
+    raw = torch.zeros(layers, requires_grad=True)
+    optimiser = torch.optim.Adam([raw], lr=lr)
+    prompts = [encode(tokenizer, s) for s in samples]
+    targets = [target_ids(tokenizer, s.answers[0]) for s in samples]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    specs = [RopeSpec(remap=_LearnedScale(raw, l)) for l in range(layers)]
+    rng = np.random.default_rng(seed)
+    frozen = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    rows = []
+    try:
+        with RopePatch(model, specs):
+            for step in tqdm(range(steps), desc="gradient search", disable=not progress):
+                batch = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
+                loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
+                                  [weight[samples[i].position] for i in batch])
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
+                rows.append({"step": step, "loss": float(loss.detach()), **{f"s{l}": float(1 + torch.sigmoid(raw[l].detach())) for l in range(layers)}})
+    finally:
+        for p, flag in zip(model.parameters(), frozen):
+            p.requires_grad_(flag)
+    scales = [float(v) for v in (1 + torch.sigmoid(raw.detach()))]
+    return scales, pd.DataFrame(rows)
 
 
 def bezier_space(model, degree: int = 3, curve: str = "bezier") -> BezierSpace:

@@ -1,0 +1,187 @@
+"""MoICE: every attention head attends under several RoPE bases at once, mixed by a trained router.
+
+Per layer and head, a router reads the (un-rotated) query of each token and gives weights over the
+bases, w = softmax(gate_2(silu(gate_1(q)) * gate_3(q))); the head's output is Σ_b w_b · attention
+under base b. Only the router is trained (the model stays frozen), on the answer loss of generated
+task samples.
+
+On the mechanism: a :class:`~lpes_nb.rope.RopePatch` with masked positions in every layer hands
+the attention its queries and keys un-rotated (and caches the keys that way); the registered
+attention function ``lpes_moice`` then rotates them once per base with the mechanism's own tables
+and mixes the results of transformers' SDPA attention.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .methods import Method
+from .rope import RopePatch, RopeSpec, find_rope_stack, rotate, rotation_tables
+
+REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
+ATTENTION_NAME = "lpes_moice"
+_STATE = "_lpes_moice"  # attribute set on each attention module while MoICE is active
+
+
+class Router(nn.Module):
+    """One small gated MLP per layer and head: query [B, H, T, D] -> weights over bases [B, H, T, E].
+    ``gate_2`` starts at zero, so an untrained router mixes the bases uniformly."""
+
+    def __init__(self, num_layers: int, num_heads: int, head_dim: int, num_bases: int, hidden: int = 16, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.gate_1 = nn.Parameter(torch.randn(num_layers, num_heads, head_dim, hidden, generator=g) * head_dim**-0.5)
+        self.gate_3 = nn.Parameter(torch.randn(num_layers, num_heads, head_dim, hidden, generator=g) * head_dim**-0.5)
+        self.gate_2 = nn.Parameter(torch.zeros(num_layers, num_heads, hidden, num_bases))
+
+    def forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        q = q.float() * torch.rsqrt(q.float().pow(2).mean(-1, keepdim=True) + 1e-6)  # scale-free input
+        h = nn.functional.silu(torch.einsum("bhtd,hdk->bhtk", q, self.gate_1[layer]))
+        h = h * torch.einsum("bhtd,hdk->bhtk", q, self.gate_3[layer])
+        return torch.einsum("bhtk,hke->bhte", h, self.gate_2[layer]).softmax(-1)
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
+    """Registered as ``lpes_moice``: q [B, H, T, D] and k [B, H_kv, S, D] arrive un-rotated."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    router, tables = getattr(module, _STATE)
+    q_pos = kwargs["position_ids"].float()  # [B or 1, T]
+    # keys are contiguous positions ending at the last query's (left padding keeps that true)
+    k_pos = q_pos[:, -1:] - torch.arange(key.shape[2] - 1, -1, -1, device=key.device, dtype=torch.float)
+    weights = router(module.layer_idx, query).to(query.dtype)  # [B, H, T, E]
+    out = 0.0
+    for e, (inv_freq, scaling) in enumerate(tables):
+        q_cos, q_sin = rotation_tables(q_pos[..., None] * inv_freq, scaling, query.dtype)
+        k_cos, k_sin = rotation_tables(k_pos[..., None] * inv_freq, scaling, key.dtype)
+        o, _ = sdpa_attention_forward(module, rotate(query, q_cos[:, None], q_sin[:, None]),
+                                      rotate(key, k_cos[:, None], k_sin[:, None]), value, attention_mask, **kwargs)
+        out = out + o * weights[..., e].transpose(1, 2)[..., None]  # o: [B, T, H, D]
+    return out, None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionInterface.register(ATTENTION_NAME, _attention)
+        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+@dataclass
+class MoICE(Method):
+    """MoICE with a router (``None``: uniform mixing, the untrained start). ``bases=None`` takes the
+    reference set scaled by the model's own base / 10000."""
+
+    router: Router | None = None
+    bases: Sequence[float] | None = None
+    name = "MoICE"
+
+    def model_bases(self, model) -> list[float]:
+        if self.bases is not None:
+            return [float(b) for b in self.bases]
+        theta = model.config.rope_parameters["rope_theta"]
+        return [theta * b / 10000.0 for b in REFERENCE_BASES]
+
+    def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return Router(cfg.num_hidden_layers, cfg.num_attention_heads, head_dim, len(self.model_bases(model)), hidden, seed)
+
+    @contextmanager
+    def _active(self, model):
+        stack = find_rope_stack(model)
+        router = self.router if self.router is not None else self.new_router(model)
+        bases = self.model_bases(model)
+        attns = [layer.self_attn for layer in stack.layers]
+        previous = model.config._attn_implementation
+        _register()
+        try:
+            for i, attn in enumerate(attns):
+                tables = [stack.inv_freq(i, RopeSpec(base=b)) for b in bases]
+                setattr(attn, _STATE, (router, [(f.float(), s) for f, s in tables]))
+            model.config._attn_implementation = ATTENTION_NAME
+            yield
+        finally:
+            model.config._attn_implementation = previous
+            for attn in attns:
+                if hasattr(attn, _STATE):
+                    delattr(attn, _STATE)
+
+    def context(self, model, segments, length):
+        stack = ExitStack()
+        stack.enter_context(RopePatch(model, [RopeSpec(mask=True)] * find_rope_stack(model).num_layers))
+        stack.enter_context(self._active(model))
+        return stack
+
+
+@dataclass
+class RouterTraining:
+    """The router's training budget (stated in the results JSON)."""
+
+    steps: int = 40
+    batch_size: int = 4
+    lr: float = 3e-3
+    hidden: int = 16
+    seed: int = 0
+    history: list[float] = field(default_factory=list)
+
+
+def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
+    """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
+    from .evaluate import answer_nll, encode, target_ids
+
+    method = MoICE()
+    router = method.new_router(model, budget.hidden, budget.seed)
+    method.router = router
+    optimiser = torch.optim.Adam(router.parameters(), lr=budget.lr)
+    prompts = [encode(tokenizer, s) for s in samples]
+    targets = [target_ids(tokenizer, s.answers[0]) for s in samples]
+    rng = np.random.default_rng(budget.seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    frozen = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
+            batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)
+            with method.context(model, None, 0):
+                loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            budget.history.append(float(loss.detach()))
+    finally:
+        for p, flag in zip(model.parameters(), frozen):
+            p.requires_grad_(flag)
+    return method
+
+
+def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Path:
+    """Weights (``.pt``) and a JSON beside them with the bases, the budget and the loss history."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(method.router.state_dict(), path.with_suffix(".pt"))
+    info = dict(bases=method.bases, steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr,
+                hidden=budget.hidden, seed=budget.seed, loss=budget.history, **meta)
+    path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    return path.with_suffix(".pt")
+
+
+def load_router(model, path: Path) -> MoICE:
+    info = json.loads(Path(path).with_suffix(".json").read_text())
+    method = MoICE(bases=info["bases"])
+    router = method.new_router(model, info["hidden"], info["seed"])
+    router.load_state_dict(torch.load(Path(path).with_suffix(".pt")))
+    method.router = router
+    return method

@@ -1,0 +1,85 @@
+"""MoICE (router over RoPE bases) and the gradient-based scale search, on a tiny model."""
+
+import numpy as np
+import pytest
+import torch
+
+from lpes_nb.data import Sample, kv_prompt
+from lpes_nb.evaluate import evaluate_samples
+from lpes_nb.methods import Baseline
+from lpes_nb.moice import ATTENTION_NAME, MoICE, RouterTraining, load_router, save_router, train_router
+from lpes_nb.search import _LearnedScale, gradient_search
+from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
+from tests.test_methods import SAMPLES
+
+
+def _kv_samples():
+    out = []
+    for i in range(2):
+        pairs = [(f"k{i}{j}", f"{1000 + 7 * j + i}") for j in range(4)]
+        for pos in (0, 1, 3):
+            prompt, spans = kv_prompt(pairs, pairs[pos][0])
+            out.append(Sample("kv", i, pos, 4, prompt, (pairs[pos][1],), spans))
+    return out
+
+
+def _logprobs(model, tokenizer, method):
+    return evaluate_samples(model, tokenizer, SAMPLES, method=method, progress=False)["gold_logprob"].to_numpy()
+
+
+def test_moice_with_equal_bases_is_the_baseline_and_restores_the_model(tiny_llama, tokenizer):
+    base = _logprobs(tiny_llama, tokenizer, Baseline())
+    theta = tiny_llama.config.rope_parameters["rope_theta"]
+    assert np.abs(_logprobs(tiny_llama, tokenizer, MoICE(bases=[theta] * 7)) - base).max() <= 1e-5
+    assert np.abs(_logprobs(tiny_llama, tokenizer, MoICE()) - base).max() > 1e-6  # the reference bases differ
+    assert tiny_llama.config._attn_implementation == "sdpa"
+    assert not any(hasattr(layer.self_attn, "_lpes_moice") for layer in tiny_llama.model.layers)
+    assert np.array_equal(_logprobs(tiny_llama, tokenizer, Baseline()), base)
+
+
+def test_moice_decoding_with_the_cache_equals_full_forwards(tiny_llama):
+    method = MoICE(bases=[10000.0, 20000.0, 40000.0])
+    method.router = method.new_router(tiny_llama, seed=3)
+    torch.nn.init.normal_(method.router.gate_2, std=1.0)  # a non-uniform mixture
+    prompt = torch.randint(0, 49152, (1, 25), generator=torch.Generator().manual_seed(0))
+    with method.context(tiny_llama, None, 25), torch.no_grad():
+        assert tiny_llama.config._attn_implementation == ATTENTION_NAME
+        out = tiny_llama.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+        seq = prompt
+        for _ in range(6):
+            seq = torch.cat([seq, tiny_llama(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+
+
+def test_router_training_changes_only_the_router_and_round_trips(tiny_llama, tokenizer, tmp_path):
+    before = {k: v.clone() for k, v in tiny_llama.state_dict().items()}
+    budget = RouterTraining(steps=4, batch_size=3, lr=0.05)
+    method = train_router(tiny_llama, tokenizer, _kv_samples(), budget, progress=False)
+    assert len(budget.history) == 4 and method.router.gate_2.abs().sum() > 0  # the router moved
+    assert all(torch.equal(before[k], v) for k, v in tiny_llama.state_dict().items())
+    assert all(p.requires_grad for p in tiny_llama.parameters())  # training state restored
+    save_router(method, tmp_path / "router", budget, task="kv")
+    loaded = load_router(tiny_llama, tmp_path / "router")
+    assert np.array_equal(_logprobs(tiny_llama, tokenizer, loaded), _logprobs(tiny_llama, tokenizer, method))
+
+
+def test_learned_scale_remap_is_positional_interpolation(tiny_llama):
+    raw = torch.zeros(4)  # s = 1 + sigmoid(0) = 1.5
+    ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with RopePatch(tiny_llama, [RopeSpec(remap=_LearnedScale(raw, l)) for l in range(4)]):
+            learned = tiny_llama(ids).logits
+        with RopePatch(tiny_llama, scale_specs([1.5] * 4)):
+            pi = tiny_llama(ids).logits
+    assert (learned - pi).abs().max().item() <= 1e-5
+
+
+def test_gradient_search_moves_the_scales_by_the_answer_loss(tiny_llama, tokenizer):
+    before = {k: v.clone() for k, v in tiny_llama.state_dict().items()}
+    scales, history = gradient_search(tiny_llama, tokenizer, _kv_samples(), steps=3, batch_size=4, lr=0.5, progress=False)
+    assert len(scales) == 4 and all(1.0 < s < 2.0 for s in scales)
+    assert not np.allclose(scales, 1.5)  # the gradient reached the scales
+    assert list(history.columns[:2]) == ["step", "loss"] and len(history) == 3
+    assert all(torch.equal(before[k], v) for k, v in tiny_llama.state_dict().items())
+    with pytest.raises(ValueError, match="exactly 3 gold positions"):
+        gradient_search(tiny_llama, tokenizer, _kv_samples()[:2], steps=1, progress=False)
