@@ -15,12 +15,7 @@ import pandas as pd
 import torch
 
 from .evaluate import rope_context
-from .rope import find_rope_stack
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+from .rope import RopeSpec, find_rope_stack, rotate, scale_specs
 
 
 class AttentionStats:
@@ -66,8 +61,8 @@ class AttentionStats:
             k = module.k_proj(hidden).view(b, t, -1, d).transpose(1, 2)
             rows = sorted({r % t for r in self.query_rows})
             q = q[:, :, rows]
-            q = q * cos[:, None, rows] + _rotate_half(q) * sin[:, None, rows]
-            k = k * cos[:, None] + _rotate_half(k) * sin[:, None]
+            q = rotate(q, cos[:, None, rows], sin[:, None, rows])
+            k = rotate(k, cos[:, None], sin[:, None])
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             scores = (q @ k.transpose(-1, -2)).float() * module.scaling  # [b, heads, rows, t]
             key_pos = torch.arange(t)
@@ -92,11 +87,22 @@ class AttentionStats:
 
 
 @torch.inference_mode()
-def attention_profile(model, ids: torch.Tensor, specs=None, query_rows: Sequence[int] = (-1,)) -> pd.DataFrame:
-    """Per layer: mean over heads (and rows) of entropy and middle-third mass, for one forward."""
+def attention_profile(model, ids: torch.Tensor, specs=None, query_rows: Sequence[int] = (-1,),
+                      cosine: bool = False) -> pd.DataFrame:
+    """Per layer: mean over heads (and rows) of entropy and middle-third mass, for one forward; with
+    ``cosine`` also :func:`middle_to_last_cosine` from the same forward."""
     with rope_context(model, specs), AttentionStats(model, query_rows) as stats:
-        model(ids)
-    return stats.table().groupby("layer")[["entropy", "middle_mass"]].mean().reset_index()
+        out = model(ids, output_hidden_states=cosine)
+    table = stats.table().groupby("layer")[["entropy", "middle_mass"]].mean().reset_index()
+    return table.merge(_middle_to_last(out.hidden_states, ids.shape[1]), on="layer") if cosine else table
+
+
+def _middle_to_last(hidden_states, t: int) -> pd.DataFrame:
+    rows = []
+    for layer, h in enumerate(hidden_states[1:]):
+        mid = h[:, t // 3 : 2 * t // 3].mean(1)
+        rows.append({"layer": layer, "cosine": float(torch.nn.functional.cosine_similarity(mid, h[:, -1], dim=-1).mean())})
+    return pd.DataFrame(rows)
 
 
 @torch.inference_mode()
@@ -105,12 +111,50 @@ def middle_to_last_cosine(model, ids: torch.Tensor, specs=None) -> pd.DataFrame:
     and the last token's hidden state (how much of the middle reaches the final position)."""
     with rope_context(model, specs):
         states = model(ids, output_hidden_states=True).hidden_states
-    t = ids.shape[1]
+    return _middle_to_last(states, ids.shape[1])
+
+
+def _uniform(model, scale: float):
+    return None if scale == 1.0 else scale_specs([scale] * find_rope_stack(model).num_layers)
+
+
+def entropy_vs_length(model, windows: dict[int, torch.Tensor], scales: Sequence[float] = (1.0, 2.0)) -> pd.DataFrame:
+    """Per (length, uniform scale, layer): the last token's attention entropy and middle mass;
+    ``windows`` maps each length to a [1, length] token window."""
+    return pd.concat([attention_profile(model, ids, _uniform(model, s)).assign(length=length, scale=s)
+                      for length, ids in windows.items() for s in scales], ignore_index=True)
+
+
+def attention_by_scale(model, ids: torch.Tensor, scales: Sequence[float]) -> pd.DataFrame:
+    """Per (uniform scale, layer): entropy, middle mass and middle-to-last cosine, one forward each."""
+    return pd.concat([attention_profile(model, ids, _uniform(model, s), cosine=True).assign(scale=s) for s in scales],
+                     ignore_index=True)
+
+
+def layer_blocks(num_layers: int, width: int, scale: float) -> dict[str, list[float] | None]:
+    """The layer-range study's settings: ``scale`` on one block of ``width`` consecutive layers
+    (1 elsewhere), for every block, plus "none"."""
+    return {"none": None, **{f"layers {a}-{min(a + width, num_layers) - 1}":
+                             [scale if a <= l < a + width else 1.0 for l in range(num_layers)]
+                             for a in range(0, num_layers, width)}}
+
+
+@torch.inference_mode()
+def rope_removal_cosine(model, ids: torch.Tensor, depths: Sequence[int], first: int = 128) -> pd.DataFrame:
+    """RoPE removed (positions masked) in layers 0..k−1, for each k in ``depths``: per layer, the
+    cosine between each token's hidden state and the unmodified model's, averaged over the first
+    ``first`` tokens and over the rest of the context. High on the first tokens and lower later
+    means the early layers' RoPE matters mainly for distant positions."""
+    with torch.no_grad():
+        reference = model(ids, output_hidden_states=True).hidden_states[1:]
     rows = []
-    for layer, h in enumerate(states[1:]):
-        mid = h[:, t // 3 : 2 * t // 3].mean(1)
-        cos = torch.nn.functional.cosine_similarity(mid, h[:, -1], dim=-1)
-        rows.append({"layer": layer, "cosine": float(cos.mean())})
+    for k in depths:
+        with rope_context(model, {l: RopeSpec(mask=True) for l in range(k)}):
+            states = model(ids, output_hidden_states=True).hidden_states[1:]
+        for layer, (h, ref) in enumerate(zip(states, reference)):
+            cos = torch.nn.functional.cosine_similarity(h[0], ref[0], dim=-1)
+            rows.append({"removed_layers": k, "layer": layer, "first_tokens": float(cos[:first].mean()),
+                         "later_tokens": float(cos[first:].mean())})
     return pd.DataFrame(rows)
 
 
@@ -148,3 +192,20 @@ def scale_variants(scales: Sequence[float], seed: int) -> dict[str, list[float]]
         "shuffled": list(rng.permutation(s)),
         "random U(1,2)": list(rng.uniform(1.0, 2.0, len(s))),
     }
+
+
+def rsm_study(model, tokenizer, prompts: Sequence[str], bezier: Sequence[float], seeds: Sequence[int]) -> pd.DataFrame:
+    """Per (variant, seed, layer): RSM deviation from the unmodified model for the Bézier scales and
+    their :func:`scale_variants` (the deterministic uniform variant once, under the first seed)."""
+    reference = rsm(last_token_states(model, tokenizer, prompts))
+
+    def deviation(scales):
+        return rsm_deviation(reference, rsm(last_token_states(model, tokenizer, prompts, scale_specs(scales))))
+
+    rows = [{"variant": "Bézier", "seed": -1, "layer": l, "deviation": d} for l, d in enumerate(deviation(bezier))]
+    for seed in seeds:
+        for name, scales in scale_variants(bezier, seed).items():
+            if name == "uniform (mean)" and seed != seeds[0]:
+                continue
+            rows += [{"variant": name, "seed": seed, "layer": l, "deviation": d} for l, d in enumerate(deviation(scales))]
+    return pd.DataFrame(rows)

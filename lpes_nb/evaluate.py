@@ -25,7 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .metrics import accuracy_table, kv_correct, mdqa_correct, passkey_correct
+from .metrics import (
+    accuracy_table,
+    kv_correct,
+    mdqa_correct,
+    passkey_correct,
+    u_shape_rho,
+)
 from .rope import RopePatch, RopeSpec, scale_specs
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
@@ -261,6 +267,19 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
 def by_position(df: pd.DataFrame) -> pd.DataFrame:
     """Accuracy by gold position with n and a 95 % bootstrap CI."""
     return accuracy_table(df, by="position")
+
+
+def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **labels) -> pd.DataFrame:
+    """The summary every study reports for one evaluated setting: accuracy by gold position (n,
+    mean, 95 % CI), ρ(δ, a), the λ-fitness (NaN unless there are exactly 3 positions), mean prompt
+    tokens, and the ``labels`` (method, task, ...) as leading columns."""
+    table = accuracy_table(df, by="position")
+    for i, (name, value) in enumerate(labels.items()):
+        table.insert(i, name, value)
+    table["prompt_tokens"] = df.groupby("position")["prompt_tokens"].mean().to_numpy().round()
+    table["rho"] = u_shape_rho(table["position"], table["mean"]) if len(table) >= 3 else np.nan
+    table["fitness"] = weighted_fitness(df, lambdas) if len(table) == 3 else np.nan
+    return table
 
 
 def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:

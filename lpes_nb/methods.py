@@ -7,8 +7,9 @@ NTK) or its document membership (CALIOPE). Pass one to ``evaluate_samples(..., m
 Methods that combine several passes (Attention Buckets) also provide ``forward`` (scoring) and
 ``generate`` (greedy decoding), which the evaluator uses instead of the model's own.
 
-Implemented: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets,
-Ms-PoE, LASP.
+Here: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets, Ms-PoE,
+LASP. MoICE (a trained router) is in :mod:`lpes_nb.moice`, the gradient-based scale search in
+:mod:`lpes_nb.search`; :func:`lpes_nb.benchmarks.compared_methods` lists them all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .rope import RopePatch, RopeSpec, positive_real, dynamic_ntk_base, find_rope_stack, scale_specs
+from .rope import (
+    RopePatch,
+    RopeSpec,
+    dynamic_ntk_base,
+    find_rope_stack,
+    positive_real,
+    scale_specs,
+)
 
 
 class Method:

@@ -23,7 +23,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-
 from transformers.utils import logging as hf_logging
 
 from .rope import find_rope_stack

@@ -14,6 +14,7 @@ and mixes the results of transformers' SDPA attention.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -71,7 +72,11 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import (
+        ALL_MASK_ATTENTION_FUNCTIONS,
+        AttentionMaskInterface,
+        sdpa_mask,
+    )
 
     if ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
         AttentionInterface.register(ATTENTION_NAME, _attention)
@@ -176,6 +181,25 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
                 hidden=budget.hidden, seed=budget.seed, loss=budget.history, **meta)
     path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
     return path.with_suffix(".pt")
+
+
+def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path, meta: dict | None = None,
+                  progress: bool = True) -> MoICE:
+    """The router saved at ``path`` if it was trained with this budget and ``meta`` (model, task),
+    else train it now and save it (weights + JSON with budget, loss history and wall time)."""
+    meta = meta or {}
+    info_path = Path(path).with_suffix(".json")
+    wanted = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, hidden=budget.hidden, seed=budget.seed, **meta)
+    if info_path.exists() and Path(path).with_suffix(".pt").exists():
+        info = json.loads(info_path.read_text())
+        if all(info.get(k) == v for k, v in wanted.items()):
+            method = load_router(model, path)
+            budget.history[:] = info["loss"]
+            return method
+    start = time.perf_counter()
+    method = train_router(model, tokenizer, samples, budget, progress)
+    save_router(method, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
+    return method
 
 
 def load_router(model, path: Path) -> MoICE:

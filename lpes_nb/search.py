@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +23,10 @@ from .evaluate import (
     cache_key,
     encode,
     evaluate_samples,
+    position_table,
     target_ids,
-    weighted_fitness,
 )
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
-from .metrics import accuracy_table, u_shape_rho
 from .rope import RopePatch, RopeSpec, scale_specs
 
 
@@ -112,12 +111,36 @@ def evaluate_scales(model, tokenizer, samples: Sequence[Sample], scales: Mapping
     tables = []
     for label, s in scales.items():
         df = evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings, progress=progress)
-        table = accuracy_table(df, by="position")
-        table.insert(0, "method", label)
-        table["rho"] = u_shape_rho(table["position"], table["mean"])
-        table["fitness"] = weighted_fitness(df) if df["position"].nunique() == 3 else np.nan
-        tables.append(table)
+        tables.append(position_table(df, method=label))
     return pd.concat(tables, ignore_index=True)
+
+
+def ablation_runs(num_layers: int) -> list[tuple[str, object, dict]]:
+    """The search ablations as (kind, setting, options): curve type, number of control points,
+    λ weights, and the seed of the search set (robustness)."""
+    return ([("curve", c, dict(curve=c)) for c in ("bezier", "linear", "step")]
+            + [("control points", d + 1, dict(degree=d)) for d in (1, 2, 4) if d < num_layers]
+            + [("lambda", str(l), dict(lambdas=l)) for l in ((1 / 3, 1 / 3, 1 / 3), (0.0, 1.0, 0.0), (0.5, 0.3, 0.2))]
+            + [("search seed", s, dict(search_seed=s)) for s in (11, 12)])
+
+
+def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, test_samples: Sequence[Sample],
+                 config: GAConfig, out_dir: Path, settings: EvalSettings = EvalSettings(), degree: int = 3,
+                 model_name: str = "", tie_break: float = 1e-3) -> dict:
+    """One ablation: a (resumable) Bézier GA with the run's options on ``search_task``, its best
+    scales evaluated on ``test_samples``; one row for the ablation table."""
+    kind, value, opts = run
+    search_cfg = replace(search_task, seed=opts.get("search_seed", search_task.seed))
+    space = bezier_space(model, opts.get("degree", degree), opts.get("curve", "bezier"))
+    lambdas = opts.get("lambdas", LAMBDAS)
+    name = f"ablation_{search_key(kind=kind, value=value, cfg=config, task=repr(search_cfg), lam=lambdas)}"
+    res = run_search(model, tokenizer, search_cfg.samples(), space, config, out_dir, name, settings,
+                     lambdas=lambdas, model_name=model_name, tie_break=tie_break, progress=False)
+    test = evaluate_scales(model, tokenizer, test_samples, {"best": list(res.best_scales)}, settings)
+    acc = test.set_index("position")["mean"]
+    return {"ablation": kind, "setting": str(value), "search_fitness": res.best_fitness, "evaluations": res.evaluations,
+            "test_first": acc.iloc[0], "test_middle": acc.iloc[1], "test_last": acc.iloc[2], "test_fitness": test.fitness.iloc[0],
+            "smoothness": res.history.loc[res.history.fitness.idxmax(), "smoothness"]}
 
 
 def uniform_like(scales: Sequence[float]) -> list[float]:

@@ -22,8 +22,7 @@ from .data import (
     positions_for,
     two_fact_sample,
 )
-from .evaluate import EvalSettings, evaluate_samples
-from .metrics import accuracy_table, u_shape_rho
+from .evaluate import EvalSettings, evaluate_samples, position_table
 
 TASKS = ("kv", "mdqa", "passkey", "two_fact")
 
@@ -90,8 +89,11 @@ PROFILES: dict[str, dict] = {
         probes=dict(window=64, windows=2, ks=[2, 8, 64], recall_n=2),
         ga=dict(population=8, parents=3, mutations=4, crossovers=1, generations=2),
         ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=1),
+        gradient=dict(steps=2, batch_size=3, lr=0.1),
         attention=dict(lengths=[32, 64, 128], length=64, scales=[1.0, 2.0, 4.0], range_width=2, range_scale=2.0, range_n=2),
         rsm=dict(prompts=4, seeds=[0, 1]),
+        benchmarks=dict(kv_n=3, mdqa=TaskConfig("mdqa", 3, n=2), router=dict(steps=2, batch_size=2, n=2),
+                        latency=dict(n=1, rounds=1, new_tokens=2), extrapolation=dict(lengths=[1024, 3072], tail=128, windows=1)),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
@@ -104,9 +106,14 @@ PROFILES: dict[str, dict] = {
         # a CPU-sized budget (the paper: population 32, 20 generations), so the whole cpu run stays near an hour
         ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=6),
         ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=5),
+        gradient=dict(steps=30, batch_size=6, lr=0.1),
         attention=dict(lengths=[256, 512, 1024, 2048], length=1024, scales=[1.0, 1.25, 1.5, 1.75, 2.0, 3.0],
                        range_width=6, range_scale=2.0, range_n=10),
         rsm=dict(prompts=20, seeds=[0, 1, 2]),
+        # every method on the test KV set (fewer samples than notebook 5: 13 methods, Attention
+        # Buckets costs 7 passes) and on few MDQA questions (~1.4k-token prompts): wide CIs, stated.
+        benchmarks=dict(kv_n=30, mdqa=TaskConfig("mdqa", 10, n=6, offset=100), router=dict(steps=30, batch_size=4, n=20),
+                        latency=dict(n=2, rounds=3, new_tokens=8), extrapolation=dict(lengths=[6144, 10240], tail=512, windows=1)),
     ),
     "paper": dict(
         model="lmsys/vicuna-7b-v1.5", settings=EvalSettings(batch_size=16),
@@ -117,9 +124,13 @@ PROFILES: dict[str, dict] = {
         probes=dict(window=4096, windows=8, ks=[2, 4, 16, 64, 256, 1024, 4096], recall_n=50),
         ga=dict(),  # the paper's GAConfig defaults
         ablation=dict(population=16, parents=6, mutations=8, crossovers=2, generations=10, n=50),
+        gradient=dict(steps=200, batch_size=16, lr=0.05),
         attention=dict(lengths=[1024, 2048, 4096, 8192], length=4096, scales=[1.0, 1.25, 1.5, 1.75, 2.0],
                        range_width=4, range_scale=2.0, range_n=100),
         rsm=dict(prompts=100, seeds=[0, 1, 2, 3, 4]),
+        benchmarks=dict(kv_n=500, mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)),
+                        router=dict(steps=2000, batch_size=8, n=500), latency=dict(n=50, rounds=3, new_tokens=16),
+                        extrapolation=dict(lengths=[4096, 8192, 16384], tail=2048, windows=4)),
     ),
 }
 
@@ -136,11 +147,5 @@ def calibrate(model, tokenizer, configs: list[TaskConfig], settings: EvalSetting
     tables = []
     for cfg in tqdm(configs, desc="calibration settings"):
         df = evaluate_samples(model, tokenizer, cfg.samples(data_dir), settings=settings, progress=False)
-        table = accuracy_table(df, by="position")
-        table.insert(0, "num_items", cfg.num_items)
-        table.insert(0, "task", cfg.task)
-        table["prompt_tokens"] = df.groupby("position")["prompt_tokens"].mean().to_numpy().round()
-        table["rho"] = u_shape_rho(table["position"], table["mean"])
-        table["mode"] = settings.mode
-        tables.append(table)
+        tables.append(position_table(df, task=cfg.task, num_items=cfg.num_items, mode=settings.mode))
     return pd.concat(tables, ignore_index=True)

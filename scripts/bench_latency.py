@@ -1,4 +1,4 @@
-"""Latency of every implemented method vs the unmodified model (LPES Table 4 analogue).
+"""Latency of every compared method vs the unmodified model (LPES Table 4 analogue).
 
 Same MDQA prompts (10 documents, gold in the middle) and decode length for every method, greedy,
 batch 1, interleaved rounds; reports the median per-sample time and the median of the per-round
@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from lpes_nb.evaluate import EvalSettings, evaluate_samples
-from lpes_nb.methods import AttentionBuckets, Baseline, DynamicNTK, caliope_all, lpes, pi
+from lpes_nb.benchmarks import compared_methods, latency
 from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.moice import load_router
 from lpes_nb.search import load_scales
 from lpes_nb.tasks import TaskConfig
-from lpes_nb.timing import interleaved_times, ratio_to_baseline
 
 
 def main():
@@ -26,23 +25,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--scales", type=Path, default=Path("results/lpes_best_scales.json"))
+    parser.add_argument("--router", type=Path, default=Path("results/moice_router"), help="MoICE router trained by notebook 6")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
     model, tok = load_model(), load_tokenizer()
     scales = load_scales(args.scales, model.config.num_hidden_layers)
     samples = TaskConfig("mdqa", 10, n=args.n, offset=300, positions=(4,)).samples()
-    # no early stop (newline or end of text): every method decodes exactly the same number of tokens
-    settings = EvalSettings(mode="generate", max_new_tokens=args.new_tokens, batch_size=1, stop_at_newline=False)
-    methods = {"baseline": Baseline(), "PI": pi(scales), "LPES": lpes(scales), "Dynamic NTK": DynamicNTK(),
-               **{m.name: m for m in caliope_all()}, "Attention Buckets": AttentionBuckets()}
-
-    def run(method):
-        evaluate_samples(model, tok, samples, method=method, settings=settings, progress=False)
-
-    times = interleaved_times({name: (lambda m=m: run(m)) for name, m in methods.items()}, args.rounds)
-    times["seconds_per_sample"] = times["seconds"] / len(samples)
-    table = ratio_to_baseline(times, "baseline")
-    table["median_s_per_sample"] = table["median_s"] / len(samples)
+    moice = load_router(model, args.router) if args.router.with_suffix(".pt").exists() else None
+    times, table = latency(model, tok, samples, compared_methods(scales, moice), args.rounds, args.new_tokens)
     print(table.round(3).to_string(index=False))
     args.out.mkdir(parents=True, exist_ok=True)
     times.to_csv(args.out / "latency.csv", index=False)

@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb.attention import AttentionStats, attention_profile, rsm, rsm_deviation, scale_variants
+from lpes_nb.attention import (
+    AttentionStats,
+    attention_by_scale,
+    attention_profile,
+    layer_blocks,
+    middle_to_last_cosine,
+    rope_removal_cosine,
+    rsm,
+    rsm_deviation,
+    scale_variants,
+)
 from lpes_nb.models import load_model
 from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
 
@@ -51,3 +61,29 @@ def test_rsm_and_variants():
     assert sorted(v["shuffled"]) == sorted(s) and v["shuffled"] != s
     assert np.all(np.abs(np.array(v["noisy Bézier"]) - s) <= 0.1 + 1e-12)
     assert all(1 <= x <= 2 for x in v["random U(1,2)"]) and scale_variants(s, 0) == v
+
+
+def test_one_forward_per_scale_gives_the_same_numbers_as_separate_probes(tiny_llama):
+    ids = torch.randint(0, 49152, (1, 48), generator=torch.Generator().manual_seed(3))
+    table = attention_by_scale(tiny_llama, ids, [1.0, 3.0])
+    for s, g in table.groupby("scale"):
+        specs = None if s == 1.0 else scale_specs([s] * 4)
+        np.testing.assert_allclose(g.entropy, attention_profile(tiny_llama, ids, specs).entropy, atol=1e-6)
+        np.testing.assert_allclose(g.cosine, middle_to_last_cosine(tiny_llama, ids, specs).cosine, atol=1e-6)
+    assert not np.allclose(table[table.scale == 1.0].cosine, table[table.scale == 3.0].cosine)
+
+
+def test_rope_removal_cosine_is_one_where_nothing_changes(tiny_llama):
+    ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(4))
+    table = rope_removal_cosine(tiny_llama, ids, depths=[1, 2], first=10)
+    assert len(table) == 2 * 4 and table.first_tokens.between(-1, 1 + 1e-6).all()
+    # the very first token has position 0 either way, so masking RoPE cannot change it; later ones do change
+    assert table.later_tokens.max() < 1 - 1e-6
+    first = rope_removal_cosine(tiny_llama, ids, depths=[2], first=1)
+    assert np.allclose(first.first_tokens, 1.0, atol=1e-5)
+
+
+def test_layer_blocks_cover_every_layer_once():
+    blocks = layer_blocks(10, 4, 2.0)
+    assert list(blocks) == ["none", "layers 0-3", "layers 4-7", "layers 8-9"] and blocks["none"] is None
+    assert np.array_equal(np.sum([np.array(v) > 1 for k, v in blocks.items() if v], axis=0), np.ones(10))

@@ -20,7 +20,6 @@ from lpes_nb.evaluate import (
 from lpes_nb.rope import RopePatch, scale_specs
 
 
-
 def _greedy_ids(model, prompt, steps):
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from lpes_nb import models
-from lpes_nb.models import EMBEDDED, TINY_MODELS, ensure_embedded, load_model, tiny_config
+from lpes_nb.models import (
+    EMBEDDED,
+    TINY_MODELS,
+    ensure_embedded,
+    load_model,
+    tiny_config,
+)
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

@@ -7,9 +7,17 @@ import torch
 from lpes_nb.data import Sample, kv_prompt
 from lpes_nb.evaluate import evaluate_samples
 from lpes_nb.methods import Baseline
-from lpes_nb.moice import ATTENTION_NAME, MoICE, RouterTraining, load_router, save_router, train_router
-from lpes_nb.search import _LearnedScale, gradient_search
+from lpes_nb.moice import (
+    ATTENTION_NAME,
+    MoICE,
+    RouterTraining,
+    load_or_train,
+    load_router,
+    save_router,
+    train_router,
+)
 from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
+from lpes_nb.search import _LearnedScale, gradient_search
 from tests.test_methods import SAMPLES
 
 
@@ -61,6 +69,20 @@ def test_router_training_changes_only_the_router_and_round_trips(tiny_llama, tok
     save_router(method, tmp_path / "router", budget, task="kv")
     loaded = load_router(tiny_llama, tmp_path / "router")
     assert np.array_equal(_logprobs(tiny_llama, tokenizer, loaded), _logprobs(tiny_llama, tokenizer, method))
+
+
+def test_a_saved_router_is_reused_only_for_the_same_budget(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    first = load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=2, batch_size=2), tmp_path / "r",
+                          {"model_name": "tiny-llama"}, progress=False)
+    from lpes_nb import moice
+
+    monkeypatch.setattr(moice, "train_router", lambda *a, **k: pytest.fail("retrained a router that was saved"))
+    again = load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=2, batch_size=2), tmp_path / "r",
+                          {"model_name": "tiny-llama"}, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(first.router.parameters(), again.router.parameters()))
+    with pytest.raises(pytest.fail.Exception, match="retrained"):
+        load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=3, batch_size=2), tmp_path / "r",
+                      {"model_name": "tiny-llama"}, progress=False)
 
 
 def test_learned_scale_remap_is_positional_interpolation(tiny_llama):

@@ -1,0 +1,130 @@
+"""The benchmark study: every compared method on the same samples (accuracy by gold position, CIs,
+ρ), their latency, and perplexity extrapolation with layer-specific vs uniform PI / NTK."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .data import Sample
+from .evaluate import EvalSettings, evaluate_samples, position_table, rope_context
+from .methods import (
+    LASP,
+    AttentionBuckets,
+    Baseline,
+    DynamicNTK,
+    Method,
+    MsPoE,
+    caliope_all,
+    lpes,
+    pi,
+)
+from .metrics import perplexity
+from .moice import MoICE
+from .results import cached_table
+from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack
+from .timing import interleaved_times, ratio_to_baseline
+
+
+def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dict[str, Method]:
+    """The benchmark's methods by display name; LPES and PI from the searched ``scales``; MoICE with
+    a trained router if given, else its untrained (uniform) mixture."""
+    methods: dict[str, Method] = {"baseline": Baseline(), "PI": pi(scales), "Dynamic NTK": DynamicNTK(),
+                                  "Attention Buckets": AttentionBuckets(), "Ms-PoE": MsPoE(),
+                                  "MoICE" if moice is not None and moice.router is not None else "MoICE (untrained)": moice or MoICE()}
+    methods.update({m.name: m for m in caliope_all()})
+    methods.update({"LASP": LASP("both"), "LPES": lpes(scales)})
+    return methods
+
+
+def method_key(method: Method) -> str:
+    """What determines a method's outputs, for result caching (a trained router by its weights)."""
+    router = getattr(method, "router", None)
+    if router is None:
+        return repr(method)
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in router.parameters())).hexdigest()[:16]
+    return f"{type(method).__name__}(bases={getattr(method, 'bases', None)}, router={digest})"
+
+
+def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
+                    params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
+    """Accuracy by gold position (n, mean, 95 % CI), ρ(δ, a) and λ-fitness for every method. Each
+    method's per-sample results are cached under ``results/`` (keyed by ``params`` and the method),
+    so a rerun or an added method only computes what is missing."""
+    tables = []
+    for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress):
+        per_sample = cached_table(f"{name}_samples", {**params, "method": method_key(method)},
+                                  lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings,
+                                                                    progress=progress), profile)
+        tables.append(position_table(per_sample, method=label))
+    return pd.concat(tables, ignore_index=True)
+
+
+def latency(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], rounds: int = 3,
+            new_tokens: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-sample inference time of every method on the same prompts and decode length (greedy,
+    batch 1, no early stop), interleaved; (all timings, medians and ratios to the baseline)."""
+    settings = EvalSettings(mode="generate", max_new_tokens=new_tokens, batch_size=1, stop_at_newline=False)
+
+    def run(method):
+        evaluate_samples(model, tokenizer, samples, method=method, settings=settings, progress=False)
+
+    times = interleaved_times({name: (lambda m=m: run(m)) for name, m in methods.items()}, rounds)
+    times["seconds_per_sample"] = times["seconds"] / len(samples)
+    table = ratio_to_baseline(times, next(iter(methods)))
+    table["median_s_per_sample"] = table["median_s"] / len(samples)
+    return times, table
+
+
+# --- perplexity extrapolation (LPES v1, Table 3) ------------------------------------------------------
+
+EXTRAPOLATION_VARIANTS = ("baseline", "PI", "PI + layer-specific", "NTK", "NTK + layer-specific")
+
+
+def extrapolation_specs(model, variant: str, length: int, relative: Sequence[float]) -> list[RopeSpec] | None:
+    """Specs for a ``length``-token input. PI divides positions by f = length / trained window; NTK
+    uses transformers' dynamic base for that length (factor 2); "+ layer-specific" multiplies each
+    layer's scale by the LPES profile ``relative`` (normalised to mean 1, so the average stretch is
+    unchanged and only its distribution over layers differs)."""
+    if variant not in EXTRAPOLATION_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {EXTRAPOLATION_VARIANTS}")
+    if variant == "baseline":
+        return None
+    cfg = model.config
+    window = cfg.max_position_embeddings
+    layers = find_rope_stack(model).num_layers
+    rel = np.asarray(relative, float) / np.mean(relative) if variant.endswith("layer-specific") else np.ones(layers)
+    if len(rel) != layers:
+        raise ValueError(f"got {len(rel)} relative scales for {layers} layers")
+    if variant.startswith("PI"):
+        factor = max(length / window, 1.0)
+        return [RopeSpec(scale=float(factor * r)) for r in rel]
+    dim = 2 * find_rope_stack(model).native(0)[0].shape[0]
+    base = dynamic_ntk_base(cfg.rope_parameters["rope_theta"], 2.0, length, window, dim)
+    return [RopeSpec(base=base, scale=float(r)) for r in rel]
+
+
+@torch.inference_mode()
+def tail_perplexity(model, window: Sequence[int], tail: int, specs=None) -> float:
+    """Perplexity of the last ``tail`` tokens of one long window (only their logits are computed)."""
+    ids = torch.tensor([list(window)])
+    with rope_context(model, specs):
+        logits = model(ids, logits_to_keep=tail + 1).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, -tail:], reduction="sum")
+    return perplexity(float(nll), tail)
+
+
+def perplexity_extrapolation(model, windows: Mapping[int, Sequence[Sequence[int]]], relative: Sequence[float],
+                             tail: int = 512, progress: bool = True) -> pd.DataFrame:
+    """Tail perplexity per (length, variant, window); ``windows`` maps a length to its token windows."""
+    rows = []
+    jobs = [(length, v, i, w) for length, ws in windows.items() for i, w in enumerate(ws) for v in EXTRAPOLATION_VARIANTS]
+    for length, variant, i, w in tqdm(jobs, desc="extrapolation", disable=not progress):
+        specs = extrapolation_specs(model, variant, length, relative)
+        rows.append({"length": length, "variant": variant, "window": i, "ppl": tail_perplexity(model, w, tail, specs)})
+    return pd.DataFrame(rows)
