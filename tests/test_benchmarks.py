@@ -1,0 +1,68 @@
+"""The benchmark study's helpers: method registry, cached per-method tables, extrapolation specs."""
+
+import numpy as np
+import pytest
+import torch
+
+from lpes_nb import benchmarks
+from lpes_nb.benchmarks import (
+    EXTRAPOLATION_VARIANTS,
+    benchmark_table,
+    compared_methods,
+    extrapolation_specs,
+    method_key,
+)
+from lpes_nb.moice import MoICE
+from lpes_nb.rope import dynamic_ntk_base
+from tests.test_methods import SAMPLES
+
+
+def test_every_compared_method_is_listed_once():
+    methods = compared_methods([1.0, 1.5, 2.0, 1.5])
+    assert list(methods) == ["baseline", "PI", "Dynamic NTK", "Attention Buckets", "Ms-PoE", "MoICE (untrained)",
+                             "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "LASP", "LPES"]
+    assert methods["PI"].scales == [1.5] * 4 and methods["LPES"].scales == [1.0, 1.5, 2.0, 1.5]
+
+
+def test_a_trained_router_changes_the_cache_key(tiny_llama):
+    a = MoICE()
+    a.router = a.new_router(tiny_llama, seed=0)
+    b = MoICE()
+    b.router = b.new_router(tiny_llama, seed=1)
+    assert method_key(a) != method_key(b) and method_key(a).startswith("MoICE(")
+    assert "MoICE" in compared_methods([1.0] * 4, a)
+
+
+def test_benchmark_tables_are_cached_per_method(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES", "CALIOPE-Moses")}
+    first = benchmark_table(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False)
+    assert list(first.method.unique()) == list(methods) and first["mean"].between(0, 1).all()
+    assert {"rho", "fitness", "ci_low", "ci_high"} <= set(first.columns)
+    monkeypatch.setattr(benchmarks, "evaluate_samples", lambda *a, **k: pytest.fail("recomputed a cached method"))
+    again = benchmark_table(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False)
+    assert again.equals(first)
+
+
+def test_extrapolation_specs_keep_the_mean_stretch(tiny_llama):
+    window = tiny_llama.config.max_position_embeddings  # 2048
+    relative = [1.0, 2.0, 1.0, 2.0]
+    assert extrapolation_specs(tiny_llama, "baseline", 4096, relative) is None
+    pi = [s.scale for s in extrapolation_specs(tiny_llama, "PI", 4096, relative)]
+    layered = [s.scale for s in extrapolation_specs(tiny_llama, "PI + layer-specific", 4096, relative)]
+    assert pi == [2.0] * 4 and np.mean(layered) == pytest.approx(2.0) and layered[1] / layered[0] == pytest.approx(2.0)
+    assert [s.scale for s in extrapolation_specs(tiny_llama, "PI", window // 2, relative)] == [1.0] * 4  # inside the window
+    ntk = extrapolation_specs(tiny_llama, "NTK + layer-specific", 4096, relative)
+    assert ntk[0].base == pytest.approx(dynamic_ntk_base(10000.0, 2.0, 4096, window, 16)) and ntk[1].scale == pytest.approx(4 / 3)
+    with pytest.raises(ValueError, match="unknown variant 'YaRN'"):
+        extrapolation_specs(tiny_llama, "YaRN", 4096, relative)
+
+
+def test_tail_perplexity_equals_the_full_forward_on_the_tail(tiny_llama):
+    ids = torch.randint(0, 49152, (1, 64), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = tiny_llama(ids).logits[0, -17:-1]
+    nll = torch.nn.functional.cross_entropy(logits, ids[0, -16:])
+    assert benchmarks.tail_perplexity(tiny_llama, ids[0].tolist(), 16) == pytest.approx(float(nll.exp()), rel=1e-5)
+    table = benchmarks.perplexity_extrapolation(tiny_llama, {64: [ids[0].tolist()]}, [1.0, 1.2, 1.4, 1.6], tail=16, progress=False)
+    assert list(table.variant) == list(EXTRAPOLATION_VARIANTS) and np.isfinite(table.ppl).all()
