@@ -57,6 +57,7 @@ def _segment_tensor(segments: list[list[int]]) -> torch.Tensor:
     return torch.tensor([s + [s[-1]] * (width - len(s)) for s in segments], dtype=torch.long)
 
 
+@dataclass
 class Baseline(Method):
     name = "baseline"
 

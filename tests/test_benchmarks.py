@@ -22,6 +22,9 @@ def test_every_compared_method_is_listed_once():
     assert list(methods) == ["baseline", "PI", "Dynamic NTK", "Attention Buckets", "Ms-PoE", "MoICE (untrained)",
                              "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "LASP", "LPES"]
     assert methods["PI"].scales == [1.5] * 4 and methods["LPES"].scales == [1.0, 1.5, 2.0, 1.5]
+    # cache keys are stable across runs (no object addresses)
+    assert all(" at 0x" not in method_key(m) for m in methods.values())
+    assert method_key(methods["baseline"]) == method_key(compared_methods([1.0])["baseline"]) == "Baseline()"
 
 
 def test_a_trained_router_changes_the_cache_key(tiny_llama):
