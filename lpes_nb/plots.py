@@ -44,8 +44,9 @@ def save(fig, name: str, profile: str) -> list[Path]:
     """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``; return the paths."""
     directory = output_dir("figures", profile)
     paths = [directory / f"{name}.png", directory / f"{name}.pdf"]
+    # no creation date: a rerun that draws the same figure leaves the committed file unchanged
     fig.savefig(paths[0], dpi=200)
-    fig.savefig(paths[1])
+    fig.savefig(paths[1], metadata={"CreationDate": None})
     return paths
 
 
