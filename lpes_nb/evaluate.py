@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,6 +117,20 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
             correct[i] = bool((pred.argmax(-1) == tgt).all())
             logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
     return correct, logprob
+
+
+@contextmanager
+def frozen(model):
+    """The model's parameters without gradients for a while (training only something beside it),
+    restored afterwards."""
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
 
 
 def answer_nll(model, prompts: list[list[int]], targets: list[list[int]], pad_id: int = 0,

@@ -144,7 +144,7 @@ class RouterTraining:
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
-    from .evaluate import answer_nll, encode, target_ids
+    from .evaluate import answer_nll, encode, frozen, target_ids
 
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
@@ -154,10 +154,7 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
     targets = [target_ids(tokenizer, s.answers[0]) for s in samples]
     rng = np.random.default_rng(budget.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    frozen = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
+    with frozen(model):
         for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
             batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)
             with method.context(model, None, 0):
@@ -166,9 +163,6 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
             loss.backward()
             optimiser.step()
             budget.history.append(float(loss.detach()))
-    finally:
-        for p, flag in zip(model.parameters(), frozen):
-            p.requires_grad_(flag)
     return method
 
 

@@ -23,6 +23,7 @@ from .evaluate import (
     cache_key,
     encode,
     evaluate_samples,
+    frozen,
     position_table,
     target_ids,
 )
@@ -75,23 +76,17 @@ def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     specs = [RopeSpec(remap=_LearnedScale(raw, l)) for l in range(layers)]
     rng = np.random.default_rng(seed)
-    frozen = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
     rows = []
-    try:
-        with RopePatch(model, specs):
-            for step in tqdm(range(steps), desc="gradient search", disable=not progress):
-                batch = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
-                loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
-                                  [weight[samples[i].position] for i in batch])
-                optimiser.zero_grad()
-                loss.backward()
-                optimiser.step()
-                rows.append({"step": step, "loss": float(loss.detach()), **{f"s{l}": float(1 + torch.sigmoid(raw[l].detach())) for l in range(layers)}})
-    finally:
-        for p, flag in zip(model.parameters(), frozen):
-            p.requires_grad_(flag)
+    with frozen(model), RopePatch(model, specs):
+        for step in tqdm(range(steps), desc="gradient search", disable=not progress):
+            batch = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
+            loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
+                              [weight[samples[i].position] for i in batch])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            rows.append({"step": step, "loss": float(loss.detach()),
+                         **{f"s{l}": float(1 + torch.sigmoid(raw[l].detach())) for l in range(layers)}})
     scales = [float(v) for v in (1 + torch.sigmoid(raw.detach()))]
     return scales, pd.DataFrame(rows)
 
