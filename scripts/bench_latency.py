@@ -3,7 +3,8 @@
 Same MDQA prompts (10 documents, gold in the middle) and decode length for every method, greedy,
 batch 1, interleaved rounds; reports the median per-sample time and the median of the per-round
 ratios to the baseline. Writes results/latency.csv (every timing) and results/latency.json.
-Usage: python scripts/bench_latency.py [--n 2] [--rounds 3] [--new-tokens 8]
+Usage: python scripts/bench_latency.py [--n 2] [--rounds 3] [--new-tokens 8] [--methods baseline PI LPES]
+        [--name latency]
 """
 
 import argparse
@@ -26,21 +27,29 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--scales", type=Path, default=Path("results/lpes_best_scales.json"))
     parser.add_argument("--router", type=Path, default=Path("results/moice_router"), help="MoICE router trained by notebook 6")
+    parser.add_argument("--methods", nargs="+", help="a subset of the compared methods (the baseline is always timed)")
+    parser.add_argument("--name", default="latency", help="output file stem under --out")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
     model, tok = load_model(), load_tokenizer()
     scales = load_scales(args.scales, model.config.num_hidden_layers)
     samples = TaskConfig("mdqa", 10, n=args.n, offset=300, positions=(4,)).samples()
     moice = load_router(model, args.router) if args.router.with_suffix(".pt").exists() else None
-    times, table = latency(model, tok, samples, compared_methods(scales, moice), args.rounds, args.new_tokens)
+    methods = compared_methods(scales, moice)
+    if args.methods:
+        unknown = set(args.methods) - set(methods)
+        if unknown:
+            raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(methods)}")
+        methods = {k: v for k, v in methods.items() if k == "baseline" or k in args.methods}
+    times, table = latency(model, tok, samples, methods, args.rounds, args.new_tokens)
     print(table.round(3).to_string(index=False))
     args.out.mkdir(parents=True, exist_ok=True)
-    times.to_csv(args.out / "latency.csv", index=False)
+    times.to_csv(args.out / f"{args.name}.csv", index=False)
     meta = {"model": "smollm2-135m", "dtype": "float32", "threads": torch.get_num_threads(), "prompts": len(samples),
             "mean_prompt_tokens": round(sum(len(tok(s.prompt).input_ids) for s in samples) / len(samples)),
             "rounds": args.rounds, "max_new_tokens": args.new_tokens,
             "note": "Dynamic NTK is a no-op below the model's 8192 positions, as in transformers"}
-    (args.out / "latency.json").write_text(json.dumps({**meta, "methods": table.round(4).to_dict(orient="records")}, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps({**meta, "methods": table.round(4).to_dict(orient="records")}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
