@@ -2,7 +2,7 @@
 
 Same MDQA prompts (10 documents, gold in the middle) and decode length for every method, greedy,
 batch 1, interleaved rounds; reports the median per-sample time and the median of the per-round
-ratios to the baseline. Writes results/latency.csv (every timing) and results/latency.json.
+ratios to the baseline. Writes results/<name>.csv (every timing) and results/<name>.json (default name: latency).
 Usage: python scripts/bench_latency.py [--n 2] [--rounds 3] [--new-tokens 8] [--methods baseline PI LPES]
         [--name latency]
 """
