@@ -65,6 +65,19 @@ def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mappin
     return pd.concat(tables, ignore_index=True)
 
 
+def summary_table(acc: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    """One row per method: "mean [CI low, CI high]" in % per task and gold position, then ρ and the
+    λ-fitness per task (``acc``: concatenated :func:`benchmark_table` outputs with a ``task`` column)."""
+    pct = lambda v: (100 * v).round().astype(int).astype(str)  # noqa: E731
+    cells = acc.assign(cell=pct(acc["mean"]) + " [" + pct(acc.ci_low) + ", " + pct(acc.ci_high) + "]",
+                       column=acc.task + " gold@" + acc.position.astype(str))
+    table = cells.pivot_table(index="method", columns="column", values="cell", aggfunc="first", sort=False)
+    per_task = acc.groupby(["method", "task"], sort=False)[["rho", "fitness"]].first().unstack()
+    rho = per_task["rho"].round(1).add_prefix("ρ ")
+    fitness = per_task["fitness"].round(3).add_prefix("fitness ")
+    return table.join(rho).join(fitness).loc[list(methods)]
+
+
 def latency(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], rounds: int = 3,
             new_tokens: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-sample inference time of every method on the same prompts and decode length (greedy,
@@ -95,16 +108,15 @@ def extrapolation_specs(model, variant: str, length: int, relative: Sequence[flo
         raise ValueError(f"unknown variant {variant!r}; choose one of {EXTRAPOLATION_VARIANTS}")
     if variant == "baseline":
         return None
-    cfg = model.config
-    window = cfg.max_position_embeddings
-    layers = find_rope_stack(model).num_layers
+    cfg, stack = model.config, find_rope_stack(model)
+    window, layers = cfg.max_position_embeddings, stack.num_layers
     rel = np.asarray(relative, float) / np.mean(relative) if variant.endswith("layer-specific") else np.ones(layers)
     if len(rel) != layers:
         raise ValueError(f"got {len(rel)} relative scales for {layers} layers")
     if variant.startswith("PI"):
         factor = max(length / window, 1.0)
         return [RopeSpec(scale=float(factor * r)) for r in rel]
-    dim = 2 * find_rope_stack(model).native(0)[0].shape[0]
+    dim = 2 * stack.native(0)[0].shape[0]
     base = dynamic_ntk_base(cfg.rope_parameters["rope_theta"], 2.0, length, window, dim)
     return [RopeSpec(base=base, scale=float(r)) for r in rel]
 

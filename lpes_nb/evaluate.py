@@ -101,10 +101,7 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     logprob = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
     for batch in tqdm(list(_batches(order, batch_size)), desc="scoring", disable=not progress, leave=False):
-        rows = [prompts[i] + targets[i] for i in batch]
-        ids, mask = _left_pad(rows, pad_id)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        keep = max(len(targets[i]) for i in batch) + 1
+        ids, mask, positions, keep = _forced_inputs([prompts[i] for i in batch], [targets[i] for i in batch], pad_id)
         with batch_context(batch, ids.shape[1]) if batch_context else nullcontext():
             if forward is not None:
                 logits = forward(ids, mask, positions, keep)
@@ -113,10 +110,22 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
             tgt = torch.tensor(targets[i])
-            pred = logp[row, keep - 1 - len(tgt) : keep - 1]  # the positions that predict each target token
+            pred = _target_rows(logp[row], len(tgt), keep)
             correct[i] = bool((pred.argmax(-1) == tgt).all())
             logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
     return correct, logprob
+
+
+def _forced_inputs(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
+    """Left-padded prompt + target ids, mask, positions, and how many final logits cover the targets."""
+    ids, mask = _left_pad([p + t for p, t in zip(prompts, targets)], pad_id)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions, max(len(t) for t in targets) + 1
+
+
+def _target_rows(logp_row: torch.Tensor, target_len: int, keep: int) -> torch.Tensor:
+    """The rows of the kept log-probabilities that predict each target token."""
+    return logp_row[keep - 1 - target_len : keep - 1]
 
 
 @contextmanager
@@ -133,17 +142,21 @@ def frozen(model):
             p.requires_grad_(flag)
 
 
+def answer_batch(tokenizer, samples: Sequence[Sample]) -> tuple[list[list[int]], list[list[int]], int]:
+    """(prompt ids, first gold answer ids, pad id) of samples, as :func:`answer_nll` takes them."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return [encode(tokenizer, s) for s in samples], [target_ids(tokenizer, s.answers[0]) for s in samples], pad
+
+
 def answer_nll(model, prompts: list[list[int]], targets: list[list[int]], pad_id: int = 0,
                weights: Sequence[float] | None = None) -> torch.Tensor:
     """Differentiable teacher-forced loss of the targets: per sample the mean negative
     log-likelihood of its answer tokens, averaged over the batch with optional ``weights`` (what
     trainable methods, the MoICE router and the gradient-based scale search, minimise)."""
-    ids, mask = _left_pad([p + t for p, t in zip(prompts, targets)], pad_id)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    keep = max(len(t) for t in targets) + 1
+    ids, mask, positions, keep = _forced_inputs(prompts, targets, pad_id)
     logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                    logits_to_keep=keep).logits.float(), dim=-1)
-    losses = torch.stack([-logp[row, keep - 1 - len(t) : keep - 1].gather(1, torch.tensor(t)[:, None]).mean()
+    losses = torch.stack([-_target_rows(logp[row], len(t), keep).gather(1, torch.tensor(t)[:, None]).mean()
                           for row, t in enumerate(targets)])
     w = torch.ones(len(targets)) if weights is None else torch.as_tensor(weights, dtype=torch.float)
     return (losses * w).sum() / w.sum()
@@ -276,11 +289,6 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     out = df[~df["skipped"]].drop(columns="skipped").reset_index(drop=True)
     out.attrs["skipped"] = skipped
     return out
-
-
-def by_position(df: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy by gold position with n and a 95 % bootstrap CI."""
-    return accuracy_table(df, by="position")
 
 
 def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **labels) -> pd.DataFrame:

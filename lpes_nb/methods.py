@@ -279,7 +279,8 @@ class MsPoE(Method):
     name = "Ms-PoE"
 
     def __post_init__(self):
-        positive_real(self.min_scale, "Ms-PoE min scale"), positive_real(self.max_scale, "Ms-PoE max scale")
+        positive_real(self.min_scale, "Ms-PoE min scale")
+        positive_real(self.max_scale, "Ms-PoE max scale")
         if self.min_scale > self.max_scale:
             raise ValueError(f"Ms-PoE needs min_scale <= max_scale, got {self.min_scale} > {self.max_scale}")
 

@@ -144,16 +144,14 @@ class RouterTraining:
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
-    from .evaluate import answer_nll, encode, frozen, target_ids
+    from .evaluate import answer_batch, answer_nll, frozen
 
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
     method.router = router
     optimiser = torch.optim.Adam(router.parameters(), lr=budget.lr)
-    prompts = [encode(tokenizer, s) for s in samples]
-    targets = [target_ids(tokenizer, s.answers[0]) for s in samples]
+    prompts, targets, pad = answer_batch(tokenizer, samples)
     rng = np.random.default_rng(budget.seed)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with frozen(model):
         for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
             batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)

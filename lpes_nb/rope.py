@@ -358,12 +358,21 @@ class RopePatch:
                 if layout[0]:
                     output = output.transpose(1, 2)
             x = output.reshape(*output.shape[:2], heads, head_dim)  # [B, T, H, D]
-            per_kv = self._head_scales[layer] if callable(spec.heads) else torch.tensor([spec.heads], device=x.device)
-            per_head = per_kv.repeat_interleave(heads // heads_kv, dim=1)  # [B or 1, H]
-            native, attention_scaling = self.stack.inv_freq(layer, spec)
-            inv_freq = native.to(device=x.device, dtype=torch.float)[None, None, :] / per_head[:, :, None]  # [B, H, D/2]
-            freqs = self._positions[layer][:, :, None, None] * inv_freq[:, None]  # [B, T, H, D/2]
-            out = rotate(x, *rotation_tables(freqs, attention_scaling, x.dtype)).view(output.shape)
+            cos, sin = self._head_cos_sin(layer, spec, x)
+            if heads != heads_kv:  # query heads share their key head's table
+                cos, sin = cos.repeat_interleave(heads // heads_kv, dim=2), sin.repeat_interleave(heads // heads_kv, dim=2)
+            out = rotate(x, cos, sin).view(output.shape)
             return out.transpose(1, 2) if output.dim() == 4 and layout[0] else out
 
         return hook
+
+    def _head_cos_sin(self, layer: int, spec: RopeSpec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [B, T, H_kv, D] of a head-wise layer, computed once per forward for q and k."""
+        key = ("heads", layer, x.dtype)
+        if key not in self._cache:
+            per_kv = self._head_scales[layer] if callable(spec.heads) else torch.tensor([spec.heads], device=x.device)
+            native, attention_scaling = self.stack.inv_freq(layer, spec)
+            inv_freq = native.to(device=x.device, dtype=torch.float)[None, None, :] / per_kv[:, :, None]  # [B, H_kv, D/2]
+            freqs = self._positions[layer][:, :, None, None] * inv_freq[:, None]  # [B, T, H_kv, D/2]
+            self._cache[key] = rotation_tables(freqs, attention_scaling, x.dtype)
+        return self._cache[key]

@@ -19,13 +19,12 @@ from .evaluate import (
     EvalSettings,
     PositionFitness,
     ResultCache,
+    answer_batch,
     answer_nll,
     cache_key,
-    encode,
     evaluate_samples,
     frozen,
     position_table,
-    target_ids,
 )
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .rope import RopePatch, RopeSpec, scale_specs
@@ -71,9 +70,7 @@ def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30
     layers = model.config.num_hidden_layers
     raw = torch.zeros(layers, requires_grad=True)
     optimiser = torch.optim.Adam([raw], lr=lr)
-    prompts = [encode(tokenizer, s) for s in samples]
-    targets = [target_ids(tokenizer, s.answers[0]) for s in samples]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompts, targets, pad = answer_batch(tokenizer, samples)
     specs = [RopeSpec(remap=_LearnedScale(raw, l)) for l in range(layers)]
     rng = np.random.default_rng(seed)
     rows = []

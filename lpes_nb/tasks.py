@@ -103,14 +103,14 @@ PROFILES: dict[str, dict] = {
         mdqa=TaskConfig("mdqa", 10, n=20, offset=100),
         calibration=dict(kv_sizes=[4, 6, 8, 10, 20, 30, 40], n=30, mdqa_n=20),
         probes=dict(window=512, windows=2, ks=[2, 4, 16, 64, 256, 512], recall_n=10),
-        # a CPU-sized budget (the paper: population 32, 20 generations), so the whole cpu run stays near an hour
+        # a CPU-sized budget (the paper: population 32, 20 generations)
         ga=dict(population=16, parents=6, mutations=8, crossovers=2, generations=6),
         ablation=dict(population=6, parents=2, mutations=3, crossovers=1, generations=1, n=5),
         gradient=dict(steps=30, batch_size=6, lr=0.1),
         attention=dict(lengths=[256, 512, 1024, 2048], length=1024, scales=[1.0, 1.25, 1.5, 1.75, 2.0, 3.0],
                        range_width=6, range_scale=2.0, range_n=10),
         rsm=dict(prompts=20, seeds=[0, 1, 2]),
-        # every method on the test KV set (fewer samples than notebook 5: 13 methods, Attention
+        # every method on the test KV set (fewer samples than notebook 5: 11 methods, Attention
         # Buckets costs 7 passes) and on few MDQA questions (~1.4k-token prompts): wide CIs, stated.
         benchmarks=dict(kv_n=30, mdqa=TaskConfig("mdqa", 10, n=6, offset=100), router=dict(steps=30, batch_size=4, n=20),
                         latency=dict(n=2, rounds=3, new_tokens=8), extrapolation=dict(lengths=[6144, 10240], tail=512, windows=1)),

@@ -45,6 +45,10 @@ def test_benchmark_tables_are_cached_per_method(tiny_llama, tokenizer, tmp_path,
     monkeypatch.setattr(benchmarks, "evaluate_samples", lambda *a, **k: pytest.fail("recomputed a cached method"))
     again = benchmark_table(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False)
     assert again.equals(first)
+    summary = benchmarks.summary_table(first.assign(task="KV"), list(methods))
+    assert list(summary.index) == list(methods) and "fitness KV" in summary.columns
+    row = first[first.method == "LPES"].iloc[0]
+    assert summary.loc["LPES", f"KV gold@{row.position}"].startswith(f"{round(100 * row['mean'])} [")
 
 
 def test_extrapolation_specs_keep_the_mean_stretch(tiny_llama):

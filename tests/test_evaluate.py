@@ -10,9 +10,9 @@ from lpes_nb.evaluate import (
     EvalSettings,
     PositionFitness,
     ResultCache,
-    by_position,
     evaluate_samples,
     greedy_generate,
+    position_table,
     score_targets,
     target_ids,
     weighted_fitness,
@@ -87,7 +87,7 @@ def test_evaluate_table_shape_and_by_position(tiny_llama, tokenizer):
     df = evaluate_samples(tiny_llama, tokenizer, _toy_samples(), progress=False)
     assert list(df.columns[:6]) == ["task", "position", "num_items", "sample", "prompt_tokens", "correct"]
     assert len(df) == 6 and df.attrs["skipped"] == 0
-    table = by_position(df)
+    table = position_table(df)
     assert table["position"].tolist() == [0, 1, 2] and table["n"].tolist() == [2, 2, 2]
 
 
