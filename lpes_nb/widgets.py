@@ -88,8 +88,9 @@ class BezierExplorer:
         self._curve_menu.observe(lambda change: self._set_curve(change["new"]), names="value")
         self._count.observe(lambda change: self.set_points(default_points(num_layers, change["new"])), names="value")
         self._sliders_box = w.VBox()
-        self._values = w.HTML().add_class("lpes-scales")
-        self._points_text = w.HTML().add_class("lpes-points")
+        # points and scales in one widget: one message updates both, so the page never shows the
+        # scales of one drag event next to the points of another
+        self._values = w.HTML()
         self._path = w.Text(value=str(self.results_dir / "explorer_scales.json"), description="export to",
                             layout=w.Layout(width="420px"))
         export = w.Button(description="Export JSON", icon="download")
@@ -104,7 +105,7 @@ class BezierExplorer:
         self.widget = w.VBox([
             w.HBox([self._curve_menu, self._count]),
             w.HBox([self.curve_figure, self.scales_figure]),
-            self._sliders_box, self._points_text, self._values,
+            self._sliders_box, self._values,
             w.HBox([load, export, evaluate]), self._path, self._status, self.output,
         ])
         self._build_sliders()
@@ -179,8 +180,9 @@ class BezierExplorer:
             self._pi.y = [float(np.mean(scales))] * 2
             for box, (x, y) in zip(self._sliders_box.children, self.points):
                 box.children[0].value, box.children[1].value = round(float(x), 2), round(float(y), 2)
-            self._points_text.value = f"<code>control points: {json.dumps(np.round(self.points, 6).tolist())}</code>"
-            self._values.value = "<code>scales: " + " ".join(f"{s:.4f}" for s in scales) + "</code>"
+            self._values.value = (
+                f'<code class="lpes-points">control points: {json.dumps(np.round(self.points, 6).tolist())}</code><br>'
+                '<code class="lpes-scales">scales: ' + " ".join(f"{s:.4f}" for s in scales) + "</code>")
         finally:
             self._syncing = False
 

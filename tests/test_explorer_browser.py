@@ -118,7 +118,7 @@ def test_dragging_a_control_point_updates_the_scales(lab):
             page.goto(f"{url}/lab/tree/notebooks/explorer.ipynb?token={token}")
             page.wait_for_function(KERNEL_IDLE, timeout=60_000)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_selector(".lpes-scales code", timeout=60_000)
+            page.wait_for_selector("code.lpes-scales", timeout=60_000)
             before = _settled_state(page)[1]
             assert "1.5000" in before
 
