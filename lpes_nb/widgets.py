@@ -66,7 +66,7 @@ class BezierExplorer:
         self._line = bq.Lines(scales={"x": xs, "y": ys}, colors=["#0072B2"])
         self._layers = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#0072B2"], default_size=12)
         self._handles = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#D55E00"], default_size=160,
-                                   enable_move=True, update_on_move=True, restrict_x=False)
+                                   enable_move=True, update_on_move=False, restrict_x=False)
         self.curve_figure = bq.Figure(
             marks=[self._line, self._layers, self._handles], title="drag the control points",
             axes=[bq.Axis(scale=xs, label="x (layer units)"), bq.Axis(scale=ys, side="left", label="scale")],

@@ -59,7 +59,6 @@ def test_handles_are_left_to_the_browser_mid_drag_and_clamped_on_drop(tmp_path):
     from lpes_nb.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
-    assert ex._handles.update_on_move  # live scales while dragging
     ex._on_drag_start(ex._handles, {"event": "drag_start", "index": 1})
     x, y = np.array(ex._handles.x, float), np.array(ex._handles.y, float)
     x[1], y[1] = 26.0, 1.8  # past point 2
