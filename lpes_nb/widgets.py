@@ -66,7 +66,7 @@ class BezierExplorer:
         self._line = bq.Lines(scales={"x": xs, "y": ys}, colors=["#0072B2"])
         self._layers = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#0072B2"], default_size=12)
         self._handles = bq.Scatter(scales={"x": xs, "y": ys}, colors=["#D55E00"], default_size=160,
-                                   enable_move=True, update_on_move=False, restrict_x=False)
+                                   enable_move=True, update_on_move=True, restrict_x=False)
         self.curve_figure = bq.Figure(
             marks=[self._line, self._layers, self._handles], title="drag the control points",
             axes=[bq.Axis(scale=xs, label="x (layer units)"), bq.Axis(scale=ys, side="left", label="scale")],
@@ -119,7 +119,7 @@ class BezierExplorer:
 
     def set_points(self, points, moved: int | None = None) -> None:
         self.points = clamp_points(points, self.num_layers, moved)
-        if len(self._sliders_box.children) != 2 * len(self.points):
+        if len(self._sliders_box.children) != len(self.points):  # one row (x, y) per point
             self._build_sliders()
         self._refresh()
 
@@ -147,7 +147,7 @@ class BezierExplorer:
         self._refresh()
 
     def _on_slider(self, k: int, axis: int, value: float) -> None:
-        if self._syncing:
+        if self._syncing or value == self.points[k, axis]:
             return
         pts = self.points.copy()
         pts[k, axis] = value
@@ -158,8 +158,13 @@ class BezierExplorer:
 
         rows = []
         for k in range(len(self.points)):
-            sx = w.FloatSlider(min=0, max=self.num_layers - 1, step=0.01, description=f"x{k}", readout_format=".2f")
-            sy = w.FloatSlider(min=Y_RANGE[0], max=Y_RANGE[1], step=0.01, description=f"y{k}", readout_format=".2f")
+            # continuous_update=False: the browser's slider snaps every value the kernel sets to its
+            # step grid and, with continuous updates, sends the snapped value straight back; that
+            # echo moved the point, the kernel wrote the slider again, and the two never settled
+            sx = w.FloatSlider(min=0, max=self.num_layers - 1, step=0.01, description=f"x{k}", readout_format=".2f",
+                               continuous_update=False)
+            sy = w.FloatSlider(min=Y_RANGE[0], max=Y_RANGE[1], step=0.01, description=f"y{k}", readout_format=".2f",
+                               continuous_update=False)
             sx.observe(lambda c, k=k: self._on_slider(k, 0, c["new"]), names="value")
             sy.observe(lambda c, k=k: self._on_slider(k, 1, c["new"]), names="value")
             rows += [sx, sy]
@@ -179,7 +184,7 @@ class BezierExplorer:
             self._bars.y = scales
             self._pi.y = [float(np.mean(scales))] * 2
             for box, (x, y) in zip(self._sliders_box.children, self.points):
-                box.children[0].value, box.children[1].value = round(float(x), 2), round(float(y), 2)
+                box.children[0].value, box.children[1].value = float(x), float(y)
             self._values.value = (
                 f'<code class="lpes-points">control points: {json.dumps(np.round(self.points, 6).tolist())}</code><br>'
                 '<code class="lpes-scales">scales: ' + " ".join(f"{s:.4f}" for s in scales) + "</code>")

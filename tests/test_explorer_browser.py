@@ -82,10 +82,10 @@ def _read(page, selector: str) -> str:
 
 
 def _settled_state(page) -> tuple[str, str]:
-    """Points and scales once the page has caught up with every drag event: the kernel is idle, two
-    reads 0.5 s apart agree, and the scales shown are those of the points shown (the two texts arrive
-    as separate widget messages, and the kernel works through the queued move events after mouse-up).
-    Bounded at 30 s: a page that stays inconsistent fails the test."""
+    """Points and scales once the page has caught up with every drag event (the kernel works through
+    the queued move events after mouse-up): the kernel is idle, two reads 0.5 s apart agree, and the
+    scales shown are those of the points shown. Bounded at 30 s: a page that stays inconsistent, or a
+    kernel kept busy by widgets echoing each other, fails the test."""
     last = None
     for _ in range(60):
         page.wait_for_function(KERNEL_IDLE, timeout=30_000)

@@ -70,6 +70,24 @@ def test_handles_are_left_to_the_browser_mid_drag_and_clamped_on_drop(tmp_path):
     assert np.array_equal(ex._handles.x, ex.points[:, 0]) and ex._handles.x[1] < ex._handles.x[2]
 
 
+def test_sliders_follow_the_points_without_echoing_back(tmp_path):
+    from lpes_nb.widgets import BezierExplorer
+
+    ex = BezierExplorer(30, 4, results_dir=tmp_path)
+    assert ex._handles.update_on_move  # live updates while dragging, as the issue asks
+    sliders = [s for box in ex._sliders_box.children for s in box.children]
+    # a continuously updating browser slider sends back its grid-snapped copy of every value the
+    # kernel writes (1.93 -> 1.9300000000000002), which moved the point and looped without end
+    assert sliders and not any(s.continuous_update for s in sliders)
+    x, y = np.array(ex._handles.x, float), np.array(ex._handles.y, float)
+    y[1] = 1.934972
+    ex._handles.x, ex._handles.y = x, y
+    ex._on_drag(None)
+    assert sliders[3].value == ex.points[1, 1] == 1.934972  # the exact point, not a rounded copy
+    sliders[3].value = 1.62  # the user moves slider y1
+    assert ex.points[1, 1] == 1.62 and ex._handles.y[1] == 1.62 and f"{ex.scales[10]:.4f}" in ex._values.value
+
+
 def test_explorer_loads_the_best_ga_result(tmp_path):
     from lpes_nb.search import save_scales
     from lpes_nb.widgets import BezierExplorer
