@@ -4,7 +4,8 @@ perturbs the same layer's hidden states by random noise of the same size."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -17,15 +18,63 @@ from .metrics import perplexity
 from .rope import RopeSpec, find_rope_stack
 
 
-@torch.inference_mode()
-def window_perplexity(model, windows: Sequence[Sequence[int]], specs=None, batch_size: int = 4) -> float:
-    """Perplexity of next-token prediction over equal-length token windows, under optional specs."""
+def _batches(windows: Sequence[Sequence[int]], batch_size: int) -> list[torch.Tensor]:
     ids = torch.tensor([list(w) for w in windows])
+    return [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+
+
+class UnpatchedPrefix:
+    """Every layer's unpatched output for the batches of a window sweep, computed once.
+
+    A probe that changes only layer ``l`` (and what follows it) leaves layers ``0..l-1`` computing
+    exactly what they compute unpatched. Inside :meth:`start_at` those layers return the stored output
+    instead of recomputing it: the same numbers from the same batches and kernels, for about half the
+    work of a sweep over all layers."""
+
+    @torch.inference_mode()
+    def __init__(self, model, windows: Sequence[Sequence[int]], batch_size: int = 4):
+        self.layers = find_rope_stack(model).layers
+        self.batches = _batches(windows, batch_size)
+        self.outputs: list[dict[int, object]] = []
+        for batch in self.batches:
+            captured: dict[int, object] = {}
+            handles = [layer.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__(i, out))
+                       for i, layer in enumerate(self.layers)]
+            try:
+                model(batch)
+            finally:
+                for h in handles:
+                    h.remove()
+            self.outputs.append(captured)
+
+    def hidden(self, layer: int, batch: int = 0) -> torch.Tensor:
+        out = self.outputs[batch][layer]
+        return out[0] if isinstance(out, tuple) else out
+
+    @contextmanager
+    def start_at(self, layer: int, batch: int) -> Iterator[None]:
+        skipped = list(self.layers[:layer])
+        stored = self.outputs[batch].get(layer - 1)
+        for module in skipped:
+            module.forward = lambda *args, **kwargs: stored
+        try:
+            yield
+        finally:
+            for module in skipped:
+                del module.forward  # back to the class's forward
+
+
+@torch.inference_mode()
+def window_perplexity(model, windows: Sequence[Sequence[int]], specs=None, batch_size: int = 4,
+                      prefix: UnpatchedPrefix | None = None, start: int = 0) -> float:
+    """Perplexity of next-token prediction over equal-length token windows, under optional specs.
+    With ``prefix`` (built from the same windows), layers before ``start`` are not recomputed."""
     nll, count = 0.0, 0
+    batches = prefix.batches if prefix is not None else _batches(windows, batch_size)
     with rope_context(model, specs):
-        for start in range(0, len(ids), batch_size):
-            batch = ids[start : start + batch_size]
-            logits = model(batch).logits[:, :-1].float()
+        for i, batch in enumerate(batches):
+            with prefix.start_at(start, i) if prefix is not None else nullcontext():
+                logits = model(batch).logits[:, :-1].float()
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
             nll += float(loss)
             count += batch[:, 1:].numel()
@@ -44,35 +93,38 @@ def _layers(model, layers: Sequence[int] | None) -> list[int]:
 def masking_perplexity(model, windows, layers: Sequence[int] | None = None) -> pd.DataFrame:
     """Perplexity with RoPE masked (all positions 0) in one layer at a time; layer -1 = unpatched."""
     rows = [{"layer": -1, "perplexity": window_perplexity(model, windows)}]
+    prefix = UnpatchedPrefix(model, windows)
     for layer in tqdm(_layers(model, layers), desc="masking, layer by layer", leave=False):
-        rows.append({"layer": layer, "perplexity": window_perplexity(model, windows, {layer: RopeSpec(mask=True)})})
+        ppl = window_perplexity(model, windows, {layer: RopeSpec(mask=True)}, prefix=prefix, start=layer)
+        rows.append({"layer": layer, "perplexity": ppl})
     return pd.DataFrame(rows)
 
 
 def coarsening_perplexity(model, windows, ks: Sequence[int], layers: Sequence[int] | None = None) -> pd.DataFrame:
     """Perplexity with positions ⌊p/k⌋ in one layer at a time, for each k."""
     rows = []
+    prefix = UnpatchedPrefix(model, windows)
     grid = [(layer, k) for layer in _layers(model, layers) for k in ks]
     for layer, k in tqdm(grid, desc="coarsening, layer x k", leave=False):
-        rows.append({"layer": layer, "k": k, "perplexity": window_perplexity(model, windows, {layer: RopeSpec(coarsen=k)})})
+        ppl = window_perplexity(model, windows, {layer: RopeSpec(coarsen=k)}, prefix=prefix, start=layer)
+        rows.append({"layer": layer, "k": k, "perplexity": ppl})
     return pd.DataFrame(rows)
 
 
-def _capture_outputs(model, ids: torch.Tensor, layers: Sequence[int], specs=None) -> dict[int, torch.Tensor]:
-    """Output hidden states of the given layers in one forward (under optional specs)."""
-    stack = find_rope_stack(model)
-    captured, handles = {}, []
-    for layer in layers:
-        def grab(module, args, output, layer=layer):
-            captured[layer] = output[0] if isinstance(output, tuple) else output
-        handles.append(stack.layers[layer].register_forward_hook(grab))
+def _layer_output(model, prefix: UnpatchedPrefix, layer: int, specs) -> torch.Tensor:
+    """Output hidden states of one layer under ``specs`` (the layers before it are not recomputed)."""
+    captured = {}
+
+    def grab(module, args, output):
+        captured["out"] = output[0] if isinstance(output, tuple) else output
+
+    handle = find_rope_stack(model).layers[layer].register_forward_hook(grab)
     try:
-        with rope_context(model, specs):
-            model(ids)
+        with rope_context(model, specs), prefix.start_at(layer, 0):
+            model(prefix.batches[0])
     finally:
-        for h in handles:
-            h.remove()
-    return captured
+        handle.remove()
+    return captured["out"]
 
 
 @torch.inference_mode()
@@ -81,13 +133,12 @@ def noise_control_perplexity(model, windows, layers: Sequence[int] | None = None
     equals the shift that masking RoPE in that layer causes. If masking hurts much more than this
     noise, the layer's loss is positional, not a generic perturbation."""
     stack = find_rope_stack(model)
-    ids = torch.tensor([list(w) for w in windows])
     chosen = _layers(model, layers)
-    plain = _capture_outputs(model, ids, chosen)  # one unpatched forward serves every layer
+    prefix = UnpatchedPrefix(model, windows, batch_size=len(windows))  # one batch: the noise is drawn for all windows
     rows = []
     for layer in tqdm(chosen, desc="same-norm noise, layer by layer", leave=False):
-        masked = _capture_outputs(model, ids, [layer], {layer: RopeSpec(mask=True)})[layer]
-        norms = (masked - plain[layer]).norm(dim=-1, keepdim=True)
+        masked = _layer_output(model, prefix, layer, {layer: RopeSpec(mask=True)})
+        norms = (masked - prefix.hidden(layer)).norm(dim=-1, keepdim=True)
         gen = torch.Generator().manual_seed(seed + layer)
         noise = torch.randn(norms.shape[:-1] + (model.config.hidden_size,), generator=gen)
         noise = noise / noise.norm(dim=-1, keepdim=True) * norms
@@ -99,7 +150,7 @@ def noise_control_perplexity(model, windows, layers: Sequence[int] | None = None
 
         handle = stack.layers[layer].register_forward_hook(add_noise)
         try:
-            ppl = window_perplexity(model, windows, batch_size=len(windows))
+            ppl = window_perplexity(model, windows, prefix=prefix, start=layer)
         finally:
             handle.remove()
         rows.append({"layer": layer, "perplexity": ppl, "shift_norm_mean": float(norms.mean())})

@@ -12,6 +12,7 @@ from lpes_nb.probes import (
     masking_perplexity,
     masking_recall,
     noise_control_perplexity,
+    UnpatchedPrefix,
     window_perplexity,
 )
 from lpes_nb.rope import RopeSpec
@@ -23,6 +24,20 @@ def test_window_perplexity_matches_the_model_loss(tiny_llama):
     with torch.no_grad():
         loss = tiny_llama(torch.tensor(WINDOWS), labels=torch.tensor(WINDOWS)).loss
     assert window_perplexity(tiny_llama, WINDOWS) == pytest.approx(math.exp(float(loss)), rel=1e-5)
+
+
+def test_starting_at_the_patched_layer_gives_the_same_numbers(tiny):
+    windows = torch.randint(0, 1000, (3, 48), generator=torch.Generator().manual_seed(1)).tolist()
+    prefix = UnpatchedPrefix(tiny, windows, batch_size=2)  # two batches, the second of one window
+    layers = tiny.config.num_hidden_layers
+    for layer in range(layers):
+        for spec in (RopeSpec(mask=True), RopeSpec(coarsen=4)):
+            full = window_perplexity(tiny, windows, {layer: spec}, batch_size=2)
+            assert window_perplexity(tiny, windows, {layer: spec}, prefix=prefix, start=layer) == full  # bit-identical
+    assert window_perplexity(tiny, windows, prefix=prefix) == window_perplexity(tiny, windows, batch_size=2)
+    # the skipped layers are back to their own forward: a later patch on layer 0 still has an effect
+    assert all("forward" not in vars(layer) for layer in prefix.layers)
+    assert window_perplexity(tiny, windows, {0: RopeSpec(mask=True)}) != window_perplexity(tiny, windows)
 
 
 def test_masking_and_coarsening_tables(tiny_llama):
