@@ -29,7 +29,8 @@ class UnpatchedPrefix:
     A probe that changes only layer ``l`` (and what follows it) leaves layers ``0..l-1`` computing
     exactly what they compute unpatched. Inside :meth:`start_at` those layers return the stored output
     instead of recomputing it: the same numbers from the same batches and kernels, for about half the
-    work of a sweep over all layers."""
+    work of a sweep over all layers. It holds layers x windows x length x hidden values (SmolLM2,
+    2 x 512 tokens: 71 MB; a 7B model at 8 x 4096 tokens in float16: ~9 GB, so mind GPU memory)."""
 
     @torch.inference_mode()
     def __init__(self, model, windows: Sequence[Sequence[int]], batch_size: int = 4):
