@@ -28,6 +28,7 @@ from .metrics import perplexity
 from .moice import MoICE
 from .results import cached_table
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack
+from .tasks import TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
 
 
@@ -76,6 +77,12 @@ def summary_table(acc: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
     rho = per_task["rho"].round(1).add_prefix("ρ ")
     fitness = per_task["fitness"].round(3).add_prefix("fitness ")
     return table.join(rho).join(fitness).loc[list(methods)]
+
+
+def latency_samples(mdqa: TaskConfig, n: int) -> list[Sample]:
+    """The latency prompts: ``n`` MDQA questions past the ones any accuracy study reads (offset 300),
+    with ``mdqa``'s number of documents and the gold document in the middle."""
+    return TaskConfig("mdqa", mdqa.num_items, n=n, offset=300, positions=(mdqa.gold_positions()[1],)).samples()
 
 
 def latency(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], rounds: int = 3,
@@ -140,3 +147,9 @@ def perplexity_extrapolation(model, windows: Mapping[int, Sequence[Sequence[int]
         specs = extrapolation_specs(model, variant, length, relative)
         rows.append({"length": length, "variant": variant, "window": i, "ppl": tail_perplexity(model, w, tail, specs)})
     return pd.DataFrame(rows)
+
+
+def extrapolation_table(ppl: pd.DataFrame) -> pd.DataFrame:
+    """Mean tail perplexity, one row per variant (in EXTRAPOLATION_VARIANTS order), one column per length."""
+    table = ppl.groupby(["length", "variant"], sort=False).ppl.mean().unstack("length")
+    return table.loc[[v for v in EXTRAPOLATION_VARIANTS if v in table.index]]

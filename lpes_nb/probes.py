@@ -49,8 +49,7 @@ class UnpatchedPrefix:
             self.outputs.append(captured)
 
     def hidden(self, layer: int, batch: int = 0) -> torch.Tensor:
-        out = self.outputs[batch][layer]
-        return out[0] if isinstance(out, tuple) else out
+        return _hidden_states(self.outputs[batch][layer])
 
     @contextmanager
     def start_at(self, layer: int, batch: int) -> Iterator[None]:
@@ -112,17 +111,30 @@ def coarsening_perplexity(model, windows, ks: Sequence[int], layers: Sequence[in
     return pd.DataFrame(rows)
 
 
+def _hidden_states(output) -> torch.Tensor:
+    """A decoder layer's output hidden states (some architectures return a tuple)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+class _Captured(Exception):
+    """Raised by a hook once it has what it needs, so the rest of the forward is not computed."""
+
+
 def _layer_output(model, prefix: UnpatchedPrefix, layer: int, specs) -> torch.Tensor:
-    """Output hidden states of one layer under ``specs`` (the layers before it are not recomputed)."""
+    """Output hidden states of one layer under ``specs``: only that layer is computed (the ones before
+    it come from ``prefix``, the forward stops after it)."""
     captured = {}
 
     def grab(module, args, output):
-        captured["out"] = output[0] if isinstance(output, tuple) else output
+        captured["out"] = _hidden_states(output)
+        raise _Captured
 
     handle = find_rope_stack(model).layers[layer].register_forward_hook(grab)
     try:
         with rope_context(model, specs), prefix.start_at(layer, 0):
             model(prefix.batches[0])
+    except _Captured:
+        pass
     finally:
         handle.remove()
     return captured["out"]

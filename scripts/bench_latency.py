@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from lpes_nb.benchmarks import compared_methods, latency
+from lpes_nb.benchmarks import compared_methods, latency, latency_samples
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.moice import load_router
 from lpes_nb.search import load_scales
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.tasks import profile
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
     args = parser.parse_args()
     model, tok = load_model(), load_tokenizer()
     scales = load_scales(args.scales, model.config.num_hidden_layers)
-    samples = TaskConfig("mdqa", 10, n=args.n, offset=300, positions=(4,)).samples()
+    samples = latency_samples(profile("cpu")["mdqa"], args.n)
     moice = load_router(model, args.router) if args.router.with_suffix(".pt").exists() else None
     methods = compared_methods(scales, moice)
     if args.methods:

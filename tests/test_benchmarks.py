@@ -73,3 +73,20 @@ def test_tail_perplexity_equals_the_full_forward_on_the_tail(tiny_llama):
     assert benchmarks.tail_perplexity(tiny_llama, ids[0].tolist(), 16) == pytest.approx(float(nll.exp()), rel=1e-5)
     table = benchmarks.perplexity_extrapolation(tiny_llama, {64: [ids[0].tolist()]}, [1.0, 1.2, 1.4, 1.6], tail=16, progress=False)
     assert list(table.variant) == list(EXTRAPOLATION_VARIANTS) and np.isfinite(table.ppl).all()
+
+
+def test_extrapolation_table_orders_variants_and_averages_windows():
+    import pandas as pd
+
+    ppl = pd.DataFrame({"length": [64, 64, 64, 128], "variant": ["NTK", "baseline", "baseline", "baseline"],
+                        "window": [0, 0, 1, 0], "ppl": [3.0, 2.0, 4.0, 5.0]})
+    table = benchmarks.extrapolation_table(ppl)
+    assert list(table.index) == ["baseline", "NTK"] and list(table.columns) == [64, 128]
+    assert table.loc["baseline", 64] == 3.0 and table.loc["baseline", 128] == 5.0 and np.isnan(table.loc["NTK", 128])
+
+
+def test_latency_prompts_have_the_gold_document_in_the_middle():
+    from lpes_nb.tasks import TaskConfig
+
+    samples = benchmarks.latency_samples(TaskConfig("mdqa", 10, n=20, offset=100), 2)
+    assert len(samples) == 2 and {s.position for s in samples} == {4} and [s.sample_id for s in samples] == [300, 301]
