@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from .evaluate import rope_context
-from .rope import RopeSpec, find_rope_stack, rotate, scale_specs
+from .rope import RopeSpec, UnsupportedModel, find_rope_stack, scale_specs
 
 
 class AttentionStats:
@@ -34,10 +34,11 @@ class AttentionStats:
         self._handles: list = []
         self._rows: list[dict] = []
         attn = self.stack.layers[0].self_attn
-        if not all(hasattr(attn, a) for a in ("q_proj", "k_proj", "head_dim", "scaling")):
-            raise ValueError(f"{type(attn).__name__} is not a Llama-style attention (q_proj, k_proj, head_dim, scaling)")
-        if hasattr(attn, "q_norm"):
-            raise ValueError(f"{type(attn).__name__} normalises q/k; AttentionStats supports Llama/Qwen2/Mistral attention")
+        feature = "AttentionStats"
+        if not all(hasattr(attn, a) for a in ("q_proj", "k_proj", "head_dim", "scaling")) or hasattr(attn, "q_norm"):
+            raise UnsupportedModel(f"{feature} is not supported on model type {self.stack.model_type!r}: it recomputes "
+                                   "attention from q_proj/k_proj without q/k norms (Llama, Qwen2, Mistral attention)")
+        self._rotate = self.stack.rotation(0, feature)
 
     def __enter__(self) -> AttentionStats:
         for layer in self.layers:
@@ -61,8 +62,8 @@ class AttentionStats:
             k = module.k_proj(hidden).view(b, t, -1, d).transpose(1, 2)
             rows = sorted({r % t for r in self.query_rows})
             q = q[:, :, rows]
-            q = rotate(q, cos[:, None, rows], sin[:, None, rows])
-            k = rotate(k, cos[:, None], sin[:, None])
+            q = self._rotate(q, cos[:, rows], sin[:, rows])
+            k = self._rotate(k, cos, sin)
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             scores = (q @ k.transpose(-1, -2)).float() * module.scaling  # [b, heads, rows, t]
             key_pos = torch.arange(t)

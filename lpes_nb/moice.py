@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .methods import Method
-from .rope import RopePatch, RopeSpec, find_rope_stack, rotate, rotation_tables
+from .rope import RopePatch, RopeSpec, find_rope_stack
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
@@ -55,17 +55,18 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     """Registered as ``lpes_moice``: q [B, H, T, D] and k [B, H_kv, S, D] arrive un-rotated."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    router, tables = getattr(module, _STATE)
+    router, stack, rotate, tables = getattr(module, _STATE)
+    layer = module.layer_idx
     q_pos = kwargs["position_ids"].float()  # [B or 1, T]
     # keys are contiguous positions ending at the last query's (left padding keeps that true)
     k_pos = q_pos[:, -1:] - torch.arange(key.shape[2] - 1, -1, -1, device=key.device, dtype=torch.float)
-    weights = router(module.layer_idx, query).to(query.dtype)  # [B, H, T, E]
+    weights = router(layer, query).to(query.dtype)  # [B, H, T, E]
     out = 0.0
-    for e, (inv_freq, scaling) in enumerate(tables):
-        q_cos, q_sin = rotation_tables(q_pos[..., None] * inv_freq, scaling, query.dtype)
-        k_cos, k_sin = rotation_tables(k_pos[..., None] * inv_freq, scaling, key.dtype)
-        o, _ = sdpa_attention_forward(module, rotate(query, q_cos[:, None], q_sin[:, None]),
-                                      rotate(key, k_cos[:, None], k_sin[:, None]), value, attention_mask, **kwargs)
+    for e, inv_freq in enumerate(tables):
+        q_cos, q_sin = stack.tables(layer, inv_freq, q_pos, query)
+        k_cos, k_sin = stack.tables(layer, inv_freq, k_pos, key)
+        o, _ = sdpa_attention_forward(module, rotate(query, q_cos, q_sin), rotate(key, k_cos, k_sin), value,
+                                      attention_mask, **kwargs)
         out = out + o * weights[..., e].transpose(1, 2)[..., None]  # o: [B, T, H, D]
     return out, None
 
@@ -113,8 +114,8 @@ class MoICE(Method):
         _register()
         try:
             for i, attn in enumerate(attns):
-                tables = [stack.inv_freq(i, RopeSpec(base=b)) for b in bases]
-                setattr(attn, _STATE, (router, [(f.float(), s) for f, s in tables]))
+                tables = [stack.inv_freq(i, RopeSpec(base=b)).float() for b in bases]
+                setattr(attn, _STATE, (router, stack, stack.rotation(i, "MoICE"), tables))
             model.config._attn_implementation = ATTENTION_NAME
             yield
         finally:

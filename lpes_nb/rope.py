@@ -20,8 +20,11 @@ that produce the per-head queries and keys (``q_norm``/``k_norm`` where the mode
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
 import numbers
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,6 +80,8 @@ class RopeSpec:
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"coarsening factor k must be an integer >= 1, got {k!r}")
         object.__setattr__(self, "coarsen", int(k))
+        if not isinstance(self.mask, bool):
+            raise ValueError(f"mask must be True or False, got {self.mask!r}")
         if self.remap is not None and not callable(self.remap):
             raise ValueError(f"remap must be callable(position_ids, segment_ids), got {self.remap!r}")
         if self.heads is not None and not callable(self.heads):
@@ -86,9 +91,9 @@ class RopeSpec:
             object.__setattr__(self, "heads", heads)
 
     def positions(self, position_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The transformed positions phi(p) as float32."""
+        """The transformed positions phi(p): integer, unless a remap returns fractional positions."""
         if self.mask:
-            return torch.zeros(position_ids.shape, dtype=torch.float32, device=position_ids.device)
+            return torch.zeros_like(position_ids)
         p = position_ids
         if self.remap is not None:
             p = self.remap(p, segment_ids)
@@ -96,28 +101,15 @@ class RopeSpec:
                 raise ValueError(f"remap returned shape {tuple(p.shape)}, expected {tuple(position_ids.shape)}")
         if self.coarsen != 1:
             p = torch.div(p, self.coarsen, rounding_mode="floor")
-        return p.float()
+        return p
 
 
 IDENTITY = RopeSpec()
 
-
-def default_inv_freq(base: float, dim: int) -> torch.Tensor:
-    """The original RoPE frequency table, computed as transformers computes it (float32)."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
-
-
-def rotation_tables(freqs: torch.Tensor, attention_scaling: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) for angles ``freqs`` = position x inv_freq [..., D/2]. Same operations as
-    transformers' rotary forward, so identity and uniform-scale specs reproduce it bit for bit."""
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the last axis (rotate-half convention, as transformers' Llama family)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+# RoPE types whose frequency table can be rebuilt for another base (RopeSpec.base) by the model's
+# own init function, which keeps llama3 / yarn / dynamic / linear scaling. longrope switches between
+# two tables by sequence length and is refused rather than guessed.
+REBUILDABLE_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "proportional")
 
 
 def dynamic_ntk_base(base: float, factor: float, seq_len: int, max_position_embeddings: int, dim: int) -> float:
@@ -126,38 +118,159 @@ def dynamic_ntk_base(base: float, factor: float, seq_len: int, max_position_embe
     return base * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
 
 
+class UnsupportedModel(ValueError):
+    """A model, or one feature on it, that the per-layer RoPE mechanism cannot patch exactly."""
+
+
 @dataclass
 class RopeStack:
-    """The parts of a model the mechanism touches: the decoder layers and the shared rotary module."""
+    """The parts of a model the mechanism touches: the decoder layers and the shared rotary module.
+
+    Every table comes from the model's own code: its rotary module's forward (called with a swapped
+    frequency table and transformed positions), its own RoPE init function (for another base), and
+    its own ``apply_rotary_pos_emb`` (for rotations outside the attention). Layouts (rotate-half or
+    interleaved), table dtypes (fp32 tables in bf16 models) and RoPE scaling types therefore follow
+    the model instead of a hand copy that is silently wrong on some."""
 
     decoder: nn.Module
     layers: nn.ModuleList
     rotary: nn.Module
     layer_types: list[str | None]
+    model_type: str
+
+    def __post_init__(self):
+        # the undecorated forward: no torch.no_grad (learned position remaps need gradients) and no
+        # dynamic-RoPE update (the model's own call has already updated its table for this forward)
+        self._forward = inspect.unwrap(type(self.rotary).forward)
+        self._rebuilt: dict = {}
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def _prefix(self, layer: int) -> str:
+        kind = self.layer_types[layer]
+        return "" if kind is None else f"{kind}_"
+
     def native(self, layer: int) -> tuple[torch.Tensor, float]:
         """The model's own (inv_freq, attention_scaling) for a layer, read at call time so that
         models whose rotary module updates itself during the forward (dynamic RoPE) stay exact."""
-        kind = self.layer_types[layer]
-        if kind is not None:  # Gemma-3 style: one table per attention type
-            return getattr(self.rotary, f"{kind}_inv_freq"), getattr(self.rotary, f"{kind}_attention_scaling")
-        return self.rotary.inv_freq, self.rotary.attention_scaling
+        prefix = self._prefix(layer)
+        scaling = getattr(self.rotary, f"{prefix}attention_scaling", None)
+        return getattr(self.rotary, f"{prefix}inv_freq"), self.rotary.attention_scaling if scaling is None else scaling
 
-    def inv_freq(self, layer: int, spec: RopeSpec) -> tuple[torch.Tensor, float]:
-        """Frequency table and attention scaling of ``layer`` under ``spec``."""
-        native, attention_scaling = self.native(layer)
-        inv_freq = native if spec.base is None else default_inv_freq(spec.base, 2 * native.shape[0]).to(native.device)
+    def rope_type(self, layer: int) -> str:
+        rope_type = getattr(self.rotary, "rope_type", "default")
+        return rope_type[self.layer_types[layer]] if isinstance(rope_type, dict) else rope_type
+
+    def inv_freq(self, layer: int, spec: RopeSpec) -> torch.Tensor:
+        """Frequency table of ``layer`` under ``spec``: the model's own (or rebuilt for
+        ``spec.base``), divided by ``spec.scale`` as transformers' ``linear`` type does."""
+        native, _ = self.native(layer)
+        inv_freq = native if spec.base is None else self._with_base(layer, spec.base).to(native.device)
         if spec.scale != 1.0:
             inv_freq = inv_freq / spec.scale
-        return inv_freq, attention_scaling
+        return inv_freq
+
+    def _init_fn(self, rope_type: str):
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_type == "default":
+            return self.rotary.compute_default_rope_parameters
+        return ROPE_INIT_FUNCTIONS[rope_type]
+
+    def _build(self, layer: int, rope_type: str, base: float | None, seq_len) -> torch.Tensor:
+        kind = self.layer_types[layer]
+        config = copy.deepcopy(self.rotary.config)
+        if base is not None:
+            (config.rope_parameters if kind is None else config.rope_parameters[kind])["rope_theta"] = base
+        extra = {} if kind is None else {"layer_type": kind}
+        if seq_len is not None:
+            extra["seq_len"] = seq_len
+        return self._init_fn(rope_type)(config, **extra)[0]
+
+    def _with_base(self, layer: int, base: float) -> torch.Tensor:
+        kind, rope_type = self.layer_types[layer], self.rope_type(layer)
+        if rope_type not in REBUILDABLE_ROPE_TYPES or not hasattr(self.rotary, "config") or (
+                rope_type == "default" and not hasattr(self.rotary, "compute_default_rope_parameters")):
+            raise UnsupportedModel(
+                f"RopeSpec(base=...) on model type {self.model_type!r}: its rope_type {rope_type!r} cannot be rebuilt "
+                f"for another base (supported: {', '.join(REBUILDABLE_ROPE_TYPES)})")
+        # dynamic: the sequence length the model's own table was last built for
+        seq_len = getattr(self.rotary, f"{self._prefix(layer)}max_seq_len_cached", None) if "dynamic" in rope_type else None
+        if ("check", kind) not in self._rebuilt:
+            # rebuilding with the model's own base must give its table back bit for bit; a model
+            # that builds its table some other way is refused, not approximated
+            original = getattr(self.rotary, f"{self._prefix(layer)}original_inv_freq", None)
+            try:
+                own = self._build(layer, rope_type, None, None)
+            except Exception:  # e.g. a config whose head_dim varies per layer (Gemma-4)
+                own = None
+            if original is None or own is None or not torch.equal(own.to(original.device), original):
+                raise UnsupportedModel(
+                    f"RopeSpec(base=...) on model type {self.model_type!r}: its rope_type {rope_type!r} init function "
+                    "does not reproduce the model's own frequency table, so another base cannot be applied exactly")
+            self._rebuilt[("check", kind)] = True
+        key = (kind, base, seq_len)
+        if key not in self._rebuilt:
+            self._rebuilt[key] = self._build(layer, rope_type, base, seq_len)
+        return self._rebuilt[key]
+
+    def tables(self, layer: int, inv_freq: torch.Tensor, positions: torch.Tensor, x: torch.Tensor):
+        """The model's own position embeddings (e.g. (cos, sin)) of ``layer`` for ``positions``
+        [B, T] under the frequency table ``inv_freq``; ``x`` sets dtype and device as in the model."""
+        saved = self.native(layer)[0]
+        if inv_freq is not saved:
+            self._check_swappable(layer)
+        return self._call(layer, inv_freq, positions, x)
+
+    def _call(self, layer: int, inv_freq: torch.Tensor, positions: torch.Tensor, x: torch.Tensor):
+        kind = self.layer_types[layer]
+        name = f"{self._prefix(layer)}inv_freq"
+        saved = getattr(self.rotary, name)
+        setattr(self.rotary, name, inv_freq)
+        try:
+            return self._forward(self.rotary, x, positions) if kind is None else self._forward(self.rotary, x, positions, kind)
+        finally:
+            setattr(self.rotary, name, saved)
+
+    def _check_swappable(self, layer: int) -> None:
+        """Once per table kind: the rotary forward must really use the table the patch sets (PhiMoE's
+        rebuilds its own from the config on every call, which would make every spec a silent no-op)."""
+        kind = self.layer_types[layer]
+        if ("swappable", kind) in self._rebuilt:
+            return
+        native = self.native(layer)[0]
+        x, one = torch.zeros(1, 1, 1, device=native.device), torch.ones(1, 1, dtype=torch.long, device=native.device)
+        same = self._call(layer, native, one, x)[0]
+        doubled = self._call(layer, native * 2, one, x)[0]
+        if torch.equal(same, doubled):
+            raise UnsupportedModel(
+                f"model type {self.model_type!r}: its rotary module ignores the frequency table it is given (it rebuilds "
+                "its own on every call), so no RoPE spec other than the identity can be applied exactly")
+        self._rebuilt[("swappable", kind)] = True
+
+    def rotation(self, layer: int, feature: str) -> Callable:
+        """The model's own rotation of one tensor, f(x [B, H, T, D], cos, sin [B, T, D]), for work
+        outside its attention (``feature`` names that work in the error if the model has none)."""
+        attn = getattr(self.layers[layer], "self_attn", None)
+        fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None) if attn is not None else None
+        fn = getattr(fn, "_lpes_original", fn)
+        if fn is not None and list(inspect.signature(fn).parameters)[:4] == ["q", "k", "cos", "sin"]:
+            return lambda x, cos, sin: fn(x, x, cos, sin)[0]
+        raise UnsupportedModel(
+            f"{feature} is not supported on model type {self.model_type!r}: its attention has no "
+            "apply_rotary_pos_emb(q, k, cos, sin) to rotate queries and keys with outside the attention")
 
 
 def find_rope_stack(model: nn.Module) -> RopeStack:
     """Locate the decoder stack and its rotary embedding; a clear ValueError for models without RoPE."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", type(model).__name__)
+    varying = getattr(config.get_text_config(), "per_layer_attributes", None) if config is not None else None
+    if varying:
+        raise UnsupportedModel(f"model type {model_type!r} has layers of different shapes ({', '.join(sorted(varying))} "
+                               "set per layer); the per-layer RoPE patch does not support such heterogeneous models")
     for module in model.modules():
         layers, rotary = getattr(module, "layers", None), getattr(module, "rotary_emb", None)
         if isinstance(layers, nn.ModuleList) and rotary is not None:
@@ -168,8 +281,11 @@ def find_rope_stack(model: nn.Module) -> RopeStack:
                 layer_types = [None] * len(layers)
             else:
                 break
-            return RopeStack(module, layers, rotary, layer_types)
-    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            return RopeStack(module, layers, rotary, layer_types, model_type)
+    if any(name.endswith("rotary_emb") for name, _ in model.named_modules()):
+        raise UnsupportedModel(
+            f"model type {model_type!r} has rotary position embeddings, but not one shared rotary module "
+            "beside its decoder layers, which the per-layer RoPE patch needs; it is not supported")
     raise ValueError(
         f"model type {model_type!r} has no rotary position embedding (RoPE) that this workbook can patch; "
         "use a RoPE decoder such as Llama, Qwen2, Mistral or Gemma-3"
@@ -288,17 +404,16 @@ class RopePatch:
     def _layer_hook(self, layer: int, spec: RopeSpec):
         def hook(module, args, kwargs):
             if kwargs.get("position_embeddings") is None or kwargs.get("position_ids") is None:
-                raise RuntimeError(
-                    f"decoder layer {layer} was called without position_embeddings/position_ids keyword "
-                    "arguments; this architecture is not supported by the per-layer RoPE patch"
+                raise UnsupportedModel(
+                    f"decoder layer {layer} of model type {self.stack.model_type!r} was called without "
+                    "position_embeddings/position_ids keyword arguments; the per-layer RoPE patch cannot reach its RoPE"
                 )
             hidden = args[0] if args else kwargs["hidden_states"]
+            position_ids = kwargs["position_ids"]
             if spec.heads is None:
-                kwargs["position_embeddings"] = self._cos_sin(layer, spec, kwargs["position_ids"], hidden)
-            else:  # the head hooks rotate q and k; the layer's own rotation becomes the identity
-                position_ids = kwargs["position_ids"]
+                kwargs["position_embeddings"] = self._cos_sin(layer, spec, position_ids, hidden)
+            else:  # the model's own rotation call is redirected to per-head tables (_HeadwiseRotation)
                 self._positions[layer] = spec.positions(position_ids, self._segments_for(position_ids))
-                kwargs["position_embeddings"] = self._cos_sin(layer, RopeSpec(mask=True), position_ids, hidden)
             return args, kwargs
 
         return hook
@@ -306,73 +421,108 @@ class RopePatch:
     def _cos_sin(self, layer: int, spec: RopeSpec, position_ids: torch.Tensor, hidden: torch.Tensor):
         key = (spec, self.stack.layer_types[layer], hidden.dtype)
         if key not in self._cache:
-            inv_freq, attention_scaling = self.stack.inv_freq(layer, spec)
             positions = spec.positions(position_ids, self._segments_for(position_ids))
-            freqs = positions[..., None] * inv_freq.to(device=hidden.device, dtype=torch.float)
-            self._cache[key] = rotation_tables(freqs, attention_scaling, hidden.dtype)
+            self._cache[key] = self.stack.tables(layer, self.stack.inv_freq(layer, spec), positions, hidden)
         return self._cache[key]
 
     def _add_head_hooks(self, layer: int, spec: RopeSpec) -> None:
         attn = getattr(self.stack.layers[layer], "self_attn", None)
-        q_mod = getattr(attn, "q_norm", None) or getattr(attn, "q_proj", None)
-        k_mod = getattr(attn, "k_norm", None) or getattr(attn, "k_proj", None)
-        if q_mod is None or k_mod is None or not hasattr(attn, "head_dim"):
-            raise ValueError(f"layer {layer} has no self_attn with q_proj/k_proj; head-wise RoPE specs need them")
-        config = self.model.config
-        heads_q, heads_kv = config.num_attention_heads, config.num_key_value_heads
+        config = self.model.config.get_text_config()
+        heads_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         if not callable(spec.heads) and len(spec.heads) != heads_kv:
             raise ValueError(f"layer {layer}: got {len(spec.heads)} head scales, the model has {heads_kv} key/value heads")
-        if callable(spec.heads):
-            self._handles.append(attn.register_forward_pre_hook(self._scaler_hook(layer, spec, attn), with_kwargs=True))
-        for module, heads in ((q_mod, heads_q), (k_mod, heads_kv)):
-            self._handles.append(module.register_forward_hook(self._rotate_hook(layer, spec, attn.head_dim, heads, heads_kv)))
+        rotation = _HeadwiseRotation.install(self.stack, layer)
+        self._handles.append(rotation)
+        self._handles.append(attn.register_forward_pre_hook(lambda *_: rotation.enter(self, layer, spec)))
+        self._handles.append(attn.register_forward_hook(lambda *_: rotation.leave(), always_call=True))
 
-    def _scaler_hook(self, layer: int, spec: RopeSpec, attn: nn.Module):
-        def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            if hidden.shape[1] == 1 and layer in self._head_scales:
-                return None  # a decoding step keeps the prefill's head scales
-            # .forward() skips the module hooks: these projections only feed the scaler
-            q = attn.q_proj.forward(hidden[:, -1:]).view(hidden.shape[0], -1, attn.head_dim)
-            k = attn.k_proj.forward(hidden).view(*hidden.shape[:2], -1, attn.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm.forward(q), attn.k_norm.forward(k)
-            mask = self._attention_mask
-            valid = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device) if mask is None else mask[:, -hidden.shape[1]:].bool()
-            self._head_scales[layer] = spec.heads(q, k.transpose(1, 2), valid).float()
-            return None
+    def rotate_heads(self, layer: int, spec: RopeSpec, rotate, q: torch.Tensor, k: torch.Tensor):
+        """Rotate q [B, H_q, T, D] and k [B, H_kv, T, D] of a head-wise layer, each key/value head
+        (and its query heads) with its own table, through the model's own ``rotate(q, k, cos, sin)``."""
+        if callable(spec.heads) and not (q.shape[2] == 1 and layer in self._head_scales):
+            mask = self._attention_mask  # a decoding step keeps the prefill's head scales
+            valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) if mask is None else mask[:, -k.shape[2]:].bool()
+            self._head_scales[layer] = spec.heads(q[:, :, -1], k, valid).float()
+        b, heads_q, t, d = q.shape
+        heads_kv = k.shape[1]
+        if not callable(spec.heads) and len(spec.heads) != heads_kv:  # config and attention can disagree
+            raise ValueError(f"layer {layer}: got {len(spec.heads)} head scales, its attention has {heads_kv} key/value heads")
+        cos, sin = self._head_cos_sin(layer, spec, q)  # [B or 1, H_kv, T, D_rot]
+        cos, sin = cos.expand(b, -1, -1, -1), sin.expand(b, -1, -1, -1)  # position ids may be [1, T]
 
-        return hook
+        def per_head(x, c, s):  # every head as its own batch row, so one table broadcasts per head
+            h = x.shape[1]
+            rows = x.reshape(b * h, 1, t, d)
+            return rotate(rows, rows, c.reshape(b * h, t, -1), s.reshape(b * h, t, -1))[0].reshape(b, h, t, d)
 
-    def _rotate_hook(self, layer: int, spec: RopeSpec, head_dim: int, heads: int, heads_kv: int):
-        layout: list[bool] = []  # [heads_first], learned from the first call whose shape tells
-
-        def hook(module, args, output):
-            tokens = self._positions[layer].shape[1]
-            if output.dim() == 4:  # after a per-head norm: [B, T, H, D] (Qwen3) or [B, H, T, D] (Gemma-3)
-                if output.shape[1] != output.shape[2]:
-                    layout[:] = [output.shape[1] == heads and output.shape[2] == tokens]
-                elif not layout:
-                    raise RuntimeError(f"layer {layer}: cannot tell the head axis of a {tuple(output.shape)} query/key "
-                                       "tensor when the input length equals the number of heads; run a longer input first")
-                if layout[0]:
-                    output = output.transpose(1, 2)
-            x = output.reshape(*output.shape[:2], heads, head_dim)  # [B, T, H, D]
-            cos, sin = self._head_cos_sin(layer, spec, x)
-            if heads != heads_kv:  # query heads share their key head's table
-                cos, sin = cos.repeat_interleave(heads // heads_kv, dim=2), sin.repeat_interleave(heads // heads_kv, dim=2)
-            out = rotate(x, cos, sin).view(output.shape)
-            return out.transpose(1, 2) if output.dim() == 4 and layout[0] else out
-
-        return hook
+        group = heads_q // heads_kv  # query heads share their key head's table
+        q_out = per_head(q, cos.repeat_interleave(group, dim=1), sin.repeat_interleave(group, dim=1))
+        return q_out, per_head(k, cos, sin)
 
     def _head_cos_sin(self, layer: int, spec: RopeSpec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) [B, T, H_kv, D] of a head-wise layer, computed once per forward for q and k."""
+        """(cos, sin) [B, H_kv, T, D] of a head-wise layer: one model table per key/value head (and
+        per batch row for computed scales), computed once per forward."""
         key = ("heads", layer, x.dtype)
         if key not in self._cache:
-            per_kv = self._head_scales[layer] if callable(spec.heads) else torch.tensor([spec.heads], device=x.device)
-            native, attention_scaling = self.stack.inv_freq(layer, spec)
-            inv_freq = native.to(device=x.device, dtype=torch.float)[None, None, :] / per_kv[:, :, None]  # [B, H_kv, D/2]
-            freqs = self._positions[layer][:, :, None, None] * inv_freq[:, None]  # [B, T, H_kv, D/2]
-            self._cache[key] = rotation_tables(freqs, attention_scaling, x.dtype)
+            per_kv = self._head_scales[layer] if callable(spec.heads) else torch.tensor([spec.heads])  # [B or 1, H_kv]
+            inv_freq = self.stack.inv_freq(layer, spec)
+            positions = self._positions[layer]
+            rows = []
+            for b in range(per_kv.shape[0]):
+                pos = positions if per_kv.shape[0] == 1 else positions[b : b + 1]
+                tables = [self.stack.tables(layer, inv_freq / h.to(inv_freq.device), pos, x) for h in per_kv[b]]
+                rows.append(tuple(torch.stack([t[i] for t in tables], dim=1) for i in (0, 1)))
+            self._cache[key] = tuple(torch.cat([r[i] for r in rows]) for i in (0, 1))
         return self._cache[key]
+
+
+class _HeadwiseRotation:
+    """Redirects the model's own ``apply_rotary_pos_emb`` (looked up as a module global by its
+    attention at call time) to per-head tables while a head-wise layer's attention runs, so q and k
+    are rotated exactly where and how the model rotates them (after or before its q/k norms,
+    partial rotary dims, fp32 upcasts), and nowhere else. One per patched module of transformers,
+    shared by all layers and patches; it restores the original when the last user removes it."""
+
+    _installed: dict[str, _HeadwiseRotation] = {}
+    NAME = "apply_rotary_pos_emb"
+
+    def __init__(self, module):
+        self.module, self.original, self.users, self.active = module, getattr(module, self.NAME), 0, None
+
+    @classmethod
+    def install(cls, stack: RopeStack, layer: int) -> _HeadwiseRotation:
+        feature = "a head-wise RoPE spec (RopeSpec(heads=...))"
+        attn = getattr(stack.layers[layer], "self_attn", None)
+        forward = inspect.unwrap(type(attn).forward) if attn is not None else None
+        if forward is None or cls.NAME not in forward.__code__.co_names:
+            raise UnsupportedModel(f"{feature} is not supported on model type {stack.model_type!r}: the attention of "
+                                   f"layer {layer} does not rotate q and k through {cls.NAME}(q, k, cos, sin)")
+        stack.rotation(layer, feature)  # checks the signature
+        module = sys.modules[type(attn).__module__]
+        rotation = cls._installed.get(module.__name__)
+        if rotation is None:
+            rotation = cls._installed[module.__name__] = cls(module)
+
+            def dispatch(q, k, cos, sin, *args, **kwargs):
+                if rotation.active is None:
+                    return rotation.original(q, k, cos, sin, *args, **kwargs)
+                patch, layer, spec = rotation.active
+                return patch.rotate_heads(layer, spec, rotation.original, q, k)
+
+            dispatch._lpes_original = rotation.original
+            setattr(module, cls.NAME, dispatch)
+        rotation.users += 1
+        return rotation
+
+    def enter(self, patch: RopePatch, layer: int, spec: RopeSpec) -> None:
+        self.active = (patch, layer, spec)
+
+    def leave(self) -> None:
+        self.active = None
+
+    def remove(self) -> None:  # called with the patch's hook handles
+        self.active = None
+        self.users -= 1
+        if self.users == 0:
+            setattr(self.module, self.NAME, self.original)
+            del self._installed[self.module.__name__]
