@@ -73,8 +73,10 @@ def read_jsonl_gz(file: Path, limit: int | None = None) -> list[dict]:
                         records.append(json.loads(line))
                     except json.JSONDecodeError as err:
                         raise ValueError(f"corrupt JSON in {file}, line {line_no}: {err.msg}") from None
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read {file} as gzipped JSON lines: {err}") from None
+    if not records:
+        raise ValueError(f"{file} holds no records (an empty file?)")
     return records
 
 
@@ -144,6 +146,7 @@ KV_FORMATS = {
     "letters6": lambda rng: "".join(rng.choices(string.ascii_lowercase, k=6)),
     "digits4": lambda rng: f"{rng.randrange(1000, 10000)}",
 }
+KV_KEY_SPACE = {"uuid": 2**122, "letters6": 26**6, "digits4": 9000}
 
 
 def generate_kv(num_pairs: int, n: int, seed: int = 0, key_format: str = "uuid", value_format: str = "uuid") -> list[dict]:
@@ -151,8 +154,13 @@ def generate_kv(num_pairs: int, n: int, seed: int = 0, key_format: str = "uuid",
     for fmt in (key_format, value_format):
         if fmt not in KV_FORMATS:
             raise ValueError(f"unknown KV format {fmt!r}; choose one of {sorted(KV_FORMATS)}")
-    if num_pairs < 2:
-        raise ValueError(f"num_pairs must be >= 2, got {num_pairs}")
+    if isinstance(num_pairs, bool) or not isinstance(num_pairs, int) or num_pairs < 2:
+        raise ValueError(f"num_pairs must be an integer >= 2, got {num_pairs!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if num_pairs > KV_KEY_SPACE[key_format] // 2:  # distinct keys must stay easy to draw
+        raise ValueError(f"num_pairs={num_pairs} is too many distinct {key_format!r} keys; the allowed range is "
+                         f"[2, {KV_KEY_SPACE[key_format] // 2}]")
     rng = random.Random(seed)
     records = []
     for _ in range(n):
@@ -233,12 +241,15 @@ def long_text(data_dir: str | Path | None = None) -> str:
     try:
         with gzip.open(file, "rt", encoding="utf-8") as f:
             return f.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read {file} as gzipped text: {err}") from None
 
 
 def text_windows(token_ids: list[int], length: int, n: int, seed: int = 0) -> list[list[int]]:
     """``n`` non-overlapping windows of ``length`` tokens at seeded random offsets."""
+    for name, value in (("length", length), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"text_windows: {name} must be an integer >= 1, got {value!r}")
     slots = len(token_ids) // length
     if slots < n:
         raise ValueError(f"the text has room for {slots} windows of {length} tokens, asked for {n}")

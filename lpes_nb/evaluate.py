@@ -32,6 +32,7 @@ from .metrics import (
     passkey_correct,
     u_shape_rho,
 )
+from .models import model_fingerprint
 from .rope import RopePatch, RopeSpec, scale_specs
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
@@ -43,14 +44,16 @@ LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
 def encode(tokenizer, sample: Sample, chat: bool = False) -> list[int]:
     """Prompt token ids, optionally wrapped in the tokenizer's chat template."""
     if chat:
-        return tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True)
+        return tokenizer.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
     return tokenizer(sample.prompt).input_ids
 
 
-def target_ids(tokenizer, answer: str) -> list[int]:
-    """The gold answer as the model continues "Answer:" / "Corresponding value:": a space, then the
-    answer (SmolLM2 answers the KV prompt with ' 7219\\n', for example)."""
-    ids = tokenizer(" " + answer, add_special_tokens=False).input_ids
+def target_ids(tokenizer, answer: str, chat: bool = False) -> list[int]:
+    """The gold answer as the model continues the prompt: after "Answer:" / "Corresponding value:" a
+    space, then the answer (SmolLM2 answers the KV prompt with ' 7219\\n', for example); after a chat
+    template's assistant header the answer itself, which starts a new line."""
+    ids = tokenizer(answer if chat else " " + answer, add_special_tokens=False).input_ids
     if not ids:
         raise ValueError(f"answer {answer!r} tokenises to nothing")
     return ids
@@ -208,6 +211,15 @@ class EvalSettings:
     def __post_init__(self):
         if self.mode not in ("score", "generate"):
             raise ValueError(f"mode must be 'score' or 'generate', got {self.mode!r}")
+        for name in ("max_new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EvalSettings.{name} must be an integer >= 1, got {value!r}")
+        if self.on_overflow not in ("error", "skip"):
+            raise ValueError(f"on_overflow must be 'error' or 'skip', got {self.on_overflow!r}")
+        for name in ("chat", "stop_at_newline"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EvalSettings.{name} must be True or False, got {getattr(self, name)!r}")
 
 
 def rope_context(model, specs: Sequence[RopeSpec | None] | None):
@@ -243,7 +255,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
         segments = [token_segments(tokenizer, s) for s in samples]
     if settings.mode == "score":
         # several gold aliases (MDQA): score each, correct if any is; log-prob of the best alias
-        pairs = [(i, target_ids(tokenizer, a)) for i, s in enumerate(samples) for a in dict.fromkeys(s.answers)]
+        pairs = [(i, target_ids(tokenizer, a, settings.chat)) for i, s in enumerate(samples) for a in dict.fromkeys(s.answers)]
         extra = [len(t) for _, t in pairs]
         lengths = [len(prompts[i]) for i, _ in pairs]
     else:
@@ -355,8 +367,13 @@ class PositionFitness:
             raise ValueError(f"lambdas must be 3 non-negative weights, got {lambdas!r}")
         self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
         self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
-        self._task_key = dict(model=model_name, settings=asdict(settings),
+        self._task_key = dict(model=model_name, weights=model_fingerprint(model), settings=asdict(settings),
                               samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
+
+    def fingerprint(self) -> str:
+        """What this fitness measures (model weights and dtype, samples, settings, weights of the
+        positions): a GA checkpoint resumes only under the same fingerprint."""
+        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break)
 
     def table(self, scales: Sequence[float]) -> pd.DataFrame:
         key = cache_key(scales=[round(float(s), 10) for s in scales], **self._task_key)

@@ -60,11 +60,34 @@ class GAConfig:
             )
         if self.crossovers and self.parents < 2:
             raise ValueError(f"crossover needs at least 2 parents, got parents={self.parents}")
-        if self.mx < 0 or self.my < 0 or self.y_step <= 0:
-            raise ValueError(f"need mx >= 0, my >= 0, y_step > 0; got mx={self.mx}, my={self.my}, y_step={self.y_step}")
+        if isinstance(self.mx, bool) or not isinstance(self.mx, (int, np.integer)) or self.mx < 0:
+            raise ValueError(f"GAConfig.mx (x moves in whole layers) must be an integer >= 0, got {self.mx!r}")
+        if not (isinstance(self.y_step, (int, float)) and np.isfinite(self.y_step) and self.y_step > 0):
+            raise ValueError(f"GAConfig.y_step must be a finite number > 0, got {self.y_step!r}")
+        if not (isinstance(self.my, (int, float)) and np.isfinite(self.my) and self.my >= 0) or not _on_grid(self.my, self.y_step):
+            raise ValueError(f"GAConfig.my must be 0 or a positive multiple of y_step={self.y_step}, got {self.my!r} "
+                             "(a move smaller than one grid step would never change y)")
 
 
 # --- genome spaces -------------------------------------------------------------------------------
+
+
+def _on_grid(value: float, step: float) -> bool:
+    return abs(value / step - round(value / step)) < 1e-9
+
+
+def _check_grid(y_range: tuple[float, float], y_step: float) -> None:
+    """Scales live on a grid of y_step: the range's ends must lie on it, or decoded scales would
+    fall outside the range."""
+    lo, hi = y_range
+    if not (isinstance(y_step, (int, float)) and np.isfinite(y_step) and y_step > 0):
+        raise ValueError(f"y_step must be a finite number > 0, got {y_step!r}")
+    if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
+        raise ValueError(f"y_range must be (low, high) with 0 < low < high, got {y_range!r}")
+    for end in (lo, hi):
+        if not _on_grid(end, y_step):
+            raise ValueError(f"y_range end {end:g} is not a multiple of y_step={y_step:g}; choose a y_step that divides "
+                             f"both ends of {tuple(y_range)}")
 
 
 def _swap_one(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +109,7 @@ class BezierSpace:
     y_step: float = 0.1
 
     def __post_init__(self):
+        _check_grid(self.y_range, self.y_step)
         if self.curve not in CURVES:
             raise ValueError(f"unknown curve type {self.curve!r}; choose one of {CURVES}")
         if self.num_layers < self.degree + 1:
@@ -143,6 +167,11 @@ class PerLayerSpace:
     num_layers: int
     y_range: tuple[float, float] = Y_RANGE
     y_step: float = 0.1
+
+    def __post_init__(self):
+        _check_grid(self.y_range, self.y_step)
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, (int, np.integer)) or self.num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1, got {self.num_layers!r}")
 
     @property
     def _y_grid(self) -> tuple[int, int]:
@@ -249,11 +278,12 @@ class GAResult:
             "control_points": self.control_points,
             "evaluations": self.evaluations,
         }
-        _atomic_write(directory / f"{name}_best.json", json.dumps(best, indent=2) + "\n")
+        atomic_write(directory / f"{name}_best.json", json.dumps(best, indent=2) + "\n")
         return directory / f"{name}_best.json"
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -286,9 +316,12 @@ class GeneticSearch:
         self.progress = progress
         self.state: _State | None = None
 
-    # identity of a run: everything that determines its trajectory except the fitness code itself
+    # identity of a run: everything that determines its trajectory, including what is optimised when
+    # the fitness states it (PositionFitness.fingerprint(): model, dtype, task samples, settings)
     def _fingerprint(self) -> str:
-        desc = {"space": type(self.space).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.space).items()}, **asdict(self.config)}
+        fitness = self.fitness.fingerprint() if hasattr(self.fitness, "fingerprint") else None
+        desc = {"space": type(self.space).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.space).items()},
+                **asdict(self.config), "fitness": fitness}
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
     def _score(self, genomes: list[np.ndarray]) -> list[float]:
@@ -384,23 +417,32 @@ class GeneticSearch:
             "rng_state": s.rng_state, "history": s.history,
         }
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.checkpoint, json.dumps(payload))
+        atomic_write(self.checkpoint, json.dumps(payload))
 
     def _load_checkpoint(self) -> bool:
         if self.checkpoint is None or not self.checkpoint.exists():
             return False
-        payload = json.loads(self.checkpoint.read_text())
-        if payload["fingerprint"] != self._fingerprint():
+        try:
+            payload = json.loads(self.checkpoint.read_text())
+            fingerprint = payload["fingerprint"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"GA checkpoint {self.checkpoint} is unreadable (truncated or not a checkpoint: "
+                             f"{type(err).__name__}: {err}); delete it to start the search afresh") from None
+        if fingerprint != self._fingerprint():
             raise ValueError(
-                f"checkpoint {self.checkpoint} belongs to another search configuration; "
-                "delete it or choose another checkpoint path"
+                f"checkpoint {self.checkpoint} belongs to another search configuration or fitness (model, task, "
+                "samples, settings); delete it or choose another checkpoint path"
             )
-        self.state = _State(
-            generation=payload["generation"],
-            population=[np.asarray(p, dtype=np.int64) for p in payload["population"]],
-            cache={k: float(v) for k, v in payload["cache"].items()},
-            rng_state=payload["rng_state"], history=payload["history"],
-        )
+        try:
+            self.state = _State(
+                generation=payload["generation"],
+                population=[np.asarray(p, dtype=np.int64) for p in payload["population"]],
+                cache={k: float(v) for k, v in payload["cache"].items()},
+                rng_state=payload["rng_state"], history=payload["history"],
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"GA checkpoint {self.checkpoint} is incomplete ({type(err).__name__}: {err}); "
+                             "delete it to start the search afresh") from None
         return True
 
     def run(self) -> GAResult:

@@ -105,6 +105,13 @@ class DynamicNTK(Method):
     original_max_positions: int | None = None
     name = "Dynamic NTK"
 
+    def __post_init__(self):
+        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not self.factor >= 1:
+            raise ValueError(f"Dynamic NTK factor must be a number >= 1, got {self.factor!r}")
+        m = self.original_max_positions
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"original_max_positions must be None or an integer >= 1, got {m!r}")
+
     def specs(self, model, length, segments):
         cfg = model.config
         rope = cfg.rope_parameters
@@ -191,6 +198,13 @@ class AttentionBuckets(Method):
 
     bases: Sequence[float] | None = None
     name = "Attention Buckets"
+
+    def __post_init__(self):
+        if self.bases is not None:
+            if isinstance(self.bases, (str, bytes)) or len(self.bases) < 1:
+                raise ValueError(f"Attention Buckets bases must be a non-empty sequence of RoPE bases, got {self.bases!r}")
+            for b in self.bases:
+                RopeSpec(base=b)  # a RoPE base: a finite number > 1
 
     def bucket_bases(self, model) -> list[float]:
         if self.bases is not None:

@@ -32,17 +32,38 @@ def best_subspan_em(prediction: str, answers: Iterable[str]) -> float:
     return float(any(normalize_answer(a) in pred for a in answers))
 
 
+def _text(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def _gold(value, what: str) -> str:
+    if not _text(value, what).strip():
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
 def mdqa_correct(prediction: str, answers: Iterable[str]) -> float:
-    return best_subspan_em(first_line(prediction), answers)
+    if isinstance(answers, str):  # a string would be taken as a list of one-character answers
+        raise ValueError(f"answers must be a list of gold answers, got the string {answers!r}")
+    answers = [_gold(a, "a gold answer") for a in answers]
+    if not answers:
+        raise ValueError("answers must hold at least one gold answer, got none")
+    return best_subspan_em(first_line(_text(prediction, "prediction")), answers)
 
 
 def kv_correct(prediction: str, value: str) -> float:
-    return float(value.lower() in prediction.lower())
+    return float(_gold(value, "the gold value").lower() in _text(prediction, "prediction").lower())
 
 
-def passkey_correct(prediction: str, key: str) -> float:
-    """Exact number: the first integer in the prediction equals the pass key."""
-    match = re.search(r"\d+", prediction)
+def passkey_correct(prediction: str, key: str | int) -> float:
+    """Exact number: the first integer in the prediction equals the pass key (a string of digits or an int)."""
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        key = str(key)
+    if not isinstance(key, str) or not key.isdigit():
+        raise ValueError(f"the pass key must be a non-negative integer or a string of digits, got {key!r}")
+    match = re.search(r"\d+", _text(prediction, "prediction"))
     return float(match is not None and match.group() == key)
 
 
@@ -67,8 +88,12 @@ def u_shape_rho(positions: Sequence[float], accuracies: Sequence[float]) -> floa
 def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """(mean, low, high): percentile bootstrap interval of the mean."""
     v = np.asarray(values, dtype=float)
-    if len(v) == 0:
-        raise ValueError("bootstrap_ci needs at least one value")
+    if v.ndim != 1 or len(v) == 0:
+        raise ValueError(f"bootstrap_ci needs a non-empty 1-D sequence of values, got shape {v.shape}")
+    if not np.isfinite(v).all():
+        raise ValueError(f"bootstrap_ci got non-finite values at indices {np.flatnonzero(~np.isfinite(v)).tolist()[:10]}")
+    if not 0 < confidence < 1 or n_boot < 1:
+        raise ValueError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence!r}, n_boot={n_boot!r}")
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
     alpha = (1 - confidence) / 2

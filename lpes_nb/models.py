@@ -7,6 +7,7 @@ directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb``) and reloaded from 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -60,6 +61,9 @@ TINY_MODELS = {
         ),
     ),
 }
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cache_dir() -> Path:
@@ -147,6 +151,10 @@ def load_model(
     * ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-mistral"``, ``"tiny-gemma3"``: random weights (``seed``);
     * a Hugging Face hub id or local directory: bf16 + flash-attention-2 on a GPU when available.
     """
+    if dtype is not None and dtype not in DTYPES.values():
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or that torch dtype), got {dtype!r}")
+        dtype = DTYPES[dtype]
     if name in TINY_MODELS:
         model = model_from_config(tiny_config(name), seed=seed, attn_implementation=attn_implementation or "sdpa")
         return model.to(dtype) if dtype is not None else model
@@ -183,6 +191,16 @@ def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
     if "/" in name or Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name)
     raise ValueError(f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, or a hub id")
+
+
+def model_fingerprint(model: PreTrainedModel) -> str:
+    """A short digest of a model's identity for result keys: its config, dtype and a sample of every
+    weight tensor (two models that share a name but not their weights, or their dtype, differ)."""
+    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode() + str(model.dtype).encode())
+    for name, p in model.state_dict().items():
+        digest.update(name.encode() + str(tuple(p.shape)).encode())
+        digest.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def describe_model(model: PreTrainedModel) -> dict:

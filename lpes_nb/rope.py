@@ -25,7 +25,7 @@ import inspect
 import math
 import numbers
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -312,6 +312,8 @@ def normalize_specs(specs: Sequence[RopeSpec | None] | Mapping[int, RopeSpec], n
 
 def scale_specs(scales: Sequence[float]) -> list[RopeSpec]:
     """One positional-interpolation scale per layer (LPES)."""
+    if isinstance(scales, (str, bytes)) or not isinstance(scales, Iterable):
+        raise ValueError(f"scales must be a sequence of numbers, one per layer, got {scales!r}")
     return [RopeSpec(scale=s) for s in scales]
 
 

@@ -26,7 +26,7 @@ from .evaluate import (
     frozen,
     position_table,
 )
-from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
+from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace, atomic_write
 from .rope import RopePatch, RopeSpec, scale_specs
 
 
@@ -143,21 +143,27 @@ def uniform_like(scales: Sequence[float]) -> list[float]:
 def save_scales(path: Path, scales: Sequence[float], **meta) -> Path:
     """The scales JSON every method and the explorer load: ``{"scales": [...], ...}``."""
     path = Path(path)
+    values = [float(s) for s in scales]
+    if not values or not all(np.isfinite(s) and s > 0 for s in values):
+        raise ValueError(f"scales must be finite numbers > 0, one per layer, got {list(scales)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"scales": [round(float(s), 10) for s in scales], **meta}, indent=2) + "\n")
+    atomic_write(path, json.dumps({"scales": [round(s, 10) for s in values], **meta}, indent=2) + "\n")
     return path
 
 
 def load_scales(path: Path, num_layers: int | None = None) -> list[float]:
     """Scales from a JSON written by :func:`save_scales` or ``GAResult.save``; checks the layer count."""
-    payload = json.loads(Path(path).read_text())
-    if "scales" not in payload:
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a scales JSON file: {err}") from None
+    if not isinstance(payload, dict) or "scales" not in payload:
         raise ValueError(f"{path} has no 'scales' list")
     scales = [float(s) for s in payload["scales"]]
     if num_layers is not None and len(scales) != num_layers:
         raise ValueError(f"{path} holds {len(scales)} scales, the model has {num_layers} layers")
-    if any(not s > 0 for s in scales):
-        raise ValueError(f"{path} has non-positive scales; every RoPE scale must be > 0")
+    if any(not (np.isfinite(s) and s > 0) for s in scales):
+        raise ValueError(f"{path} has non-finite or non-positive scales; every RoPE scale must be a finite number > 0")
     return scales
 
 

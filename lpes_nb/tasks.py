@@ -46,6 +46,10 @@ class TaskConfig:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {TASKS}")
+        if self.source not in ("generated", "file"):
+            raise ValueError(f"unknown KV source {self.source!r}; choose 'generated' or 'file'")
+        if self.source == "file" and self.task != "kv":
+            raise ValueError(f"source='file' is for the KV task only, got task={self.task!r}")
         if self.n < 1 or self.num_items < 2:
             raise ValueError(f"need n >= 1 and num_items >= 2, got n={self.n}, num_items={self.num_items}")
         for p in self.positions or ():

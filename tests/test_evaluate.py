@@ -10,6 +10,7 @@ from lpes_nb.evaluate import (
     EvalSettings,
     PositionFitness,
     ResultCache,
+    encode,
     evaluate_samples,
     greedy_generate,
     position_table,
@@ -125,3 +126,26 @@ def test_position_fitness_caches_on_disk_and_depends_on_scales(tiny_llama, token
     np.testing.assert_allclose(again(scales), first)
     with pytest.raises(ValueError, match="exactly 3 gold positions"):
         PositionFitness(tiny_llama, tokenizer, samples[:4])
+
+
+@pytest.mark.slow
+def test_chat_mode_scores_what_greedy_decoding_says_after_the_assistant_header(smollm2, tokenizer):
+    """transformers 5's apply_chat_template returns a dict, and after the assistant header the answer
+    starts without the space that follows "Answer:". Targets: the start of the model's own greedy
+    chat reply (must score correct) and a wrong word (must not)."""
+    from lpes_nb.data import Sample
+
+    questions = ["Reply with the number 3580 and nothing else.", "What is the capital of France? Answer with one word.",
+                 "Say the word banana."]
+    probe = [Sample("kv", i, 0, 3, q, ("x",)) for i, q in enumerate(questions)]
+    replies = evaluate_samples(smollm2, tokenizer, probe, settings=EvalSettings(mode="generate", chat=True, max_new_tokens=4),
+                               progress=False)["prediction"]
+    starts = [" ".join(r.split()[:2]) for r in replies]
+    samples = [Sample("kv", 2 * i + k, k, 3, q, (a,)) for i, (q, s) in enumerate(zip(questions, starts))
+               for k, a in enumerate((s, "zebra"))]
+    scored = evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(chat=True), progress=False)
+    assert scored["correct"].tolist() == [1.0, 0.0] * len(questions)
+    prompts = [encode(tokenizer, s, chat=True) for s in samples]
+    targets = [target_ids(tokenizer, s.answers[0], chat=True) for s in samples]
+    decoded = [_greedy_ids(smollm2, p, len(t)) == t for p, t in zip(prompts, targets)]
+    assert decoded == [bool(c) for c in scored["correct"]]

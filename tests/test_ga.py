@@ -186,7 +186,7 @@ def test_results_are_saved_as_csv_and_scales_json(tmp_path):
     [
         (dict(population=30), r"parents \+ mutations \+ crossovers must equal population: 12 \+ 16 \+ 4 != 30"),
         (dict(parents=0, mutations=28), "GAConfig.parents must be"),
-        (dict(mx=-1), "need mx >= 0"),
+        (dict(mx=-1), r"GAConfig.mx \(x moves in whole layers\) must be an integer >= 0, got -1"),
         (dict(generations=-1), "GAConfig.generations must be"),
     ],
 )

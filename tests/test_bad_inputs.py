@@ -1,0 +1,185 @@
+"""A sweep of bad inputs over the public API: each must raise a ValueError whose message names the
+bad value (or what is wrong with it) and, where there is one, the allowed range. None may return a
+result or fail with an unrelated error."""
+
+import gzip
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lpes_nb import bezier, data, evaluate, ga, methods, metrics, models, rope, search, tasks
+from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, PerLayerSpace, TargetCurveFitness
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Data folders with an empty, a corrupt (invalid UTF-8) and a truncated gzip of each file kind."""
+    root = tmp_path_factory.mktemp("bad")
+    made = {}
+    for kind, content in (("empty", b""), ("binary", b"\xff\xfe\x00garbage\xff"), ("truncated", None)):
+        d = root / kind
+        for rel in (data.MDQA_FILE, data.KV_FILE, data.TEXT_FILE):
+            f = d / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            if content is None:
+                f.write_bytes(gzip.compress(b'{"a": 1}\n' * 100)[:20])
+            else:
+                with gzip.open(f, "wb") as g:
+                    g.write(content)
+        made[kind] = d
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "empty.json").write_text("")
+    (ckpt / "truncated.json").write_text('{"fingerprint": "ab')
+    (ckpt / "other.json").write_text('{"something": 1}')
+    (ckpt / "scales.json").write_text('{"scales": [1.5, NaN]}')
+    made["ckpt"] = ckpt
+    return made
+
+
+def _search(checkpoint):
+    return GeneticSearch(BezierSpace(6), TargetCurveFitness((1.5,) * 6), GAConfig(generations=1), checkpoint=checkpoint,
+                         progress=False)
+
+
+CASES = {
+    # RoPE specs and patches
+    "scale 0": (lambda f: rope.RopeSpec(scale=0), r"RoPE scale must be a finite number > 0, got 0"),
+    "scale nan": (lambda f: rope.RopeSpec(scale=float("nan")), r"got nan"),
+    "scale string": (lambda f: rope.RopeSpec(scale="1.5"), r"got '1.5'"),
+    "base 1": (lambda f: rope.RopeSpec(base=1.0), r"RoPE base must be > 1, got 1.0"),
+    "base -5": (lambda f: rope.RopeSpec(base=-5), r"got -5"),
+    "coarsen 0": (lambda f: rope.RopeSpec(coarsen=0), r"integer >= 1, got 0"),
+    "coarsen 2.5": (lambda f: rope.RopeSpec(coarsen=2.5), r"got 2.5"),
+    "mask string": (lambda f: rope.RopeSpec(mask="False"), r"mask must be True or False, got 'False'"),
+    "remap not callable": (lambda f: rope.RopeSpec(remap=3), r"remap must be callable.*got 3"),
+    "heads empty": (lambda f: rope.RopeSpec(heads=()), r"one scale per key/value head"),
+    "heads negative": (lambda f: rope.RopeSpec(heads=(1.0, -1.0)), r"head scale .* got -1.0"),
+    "scale_specs string": (lambda f: rope.scale_specs("1.5"), r"sequence of numbers, one per layer, got '1.5'"),
+    "scale_specs number": (lambda f: rope.scale_specs(1.5), r"got 1.5"),
+    "specs count": (lambda f: rope.normalize_specs([rope.IDENTITY] * 3, 4), r"got 3 RoPE specs .* 4 layers"),
+    "spec layer index": (lambda f: rope.normalize_specs({7: rope.IDENTITY}, 4), r"layer index 7 is out of range \[0, 3\]"),
+    "spec not a spec": (lambda f: rope.normalize_specs([1.5, None], 2), r"RopeSpec or None, got 1.5"),
+    # Bézier curves and the GA
+    "control point x": (lambda f: bezier.validate_control_points([[0, 1.5], [40, 1.5]], 30), r"x\[1\] = 40 .* \[0, 29\]"),
+    "control point y": (lambda f: bezier.validate_control_points([[0, 1.5], [29, 2.5]], 30), r"y\[1\] = 2.5 .* \[1, 2\]"),
+    "control x order": (lambda f: bezier.validate_control_points([[5, 1.5], [3, 1.5]], 30), r"strictly increasing"),
+    "control nan": (lambda f: bezier.validate_control_points([[0, float("nan")], [3, 1.5]], 30), r"finite"),
+    "num_layers 1": (lambda f: bezier.validate_control_points([[0, 1.5], [1, 1.5]], 1), r"num_layers must be an integer >= 2, got 1"),
+    "curve type": (lambda f: BezierSpace(30, curve="spline"), r"unknown curve type 'spline'"),
+    "per-layer y_step 0.3": (lambda f: PerLayerSpace(6, y_step=0.3), r"y_range end 1 is not a multiple of y_step=0.3"),
+    "bezier y_step 0.3": (lambda f: BezierSpace(6, y_step=0.3), r"y_range end 1 is not a multiple of y_step=0.3"),
+    "y_range reversed": (lambda f: PerLayerSpace(6, y_range=(2.0, 1.0)), r"0 < low < high, got \(2.0, 1.0\)"),
+    "y_range zero": (lambda f: BezierSpace(6, y_range=(0.0, 2.0)), r"0 < low < high, got \(0.0, 2.0\)"),
+    "per-layer num_layers": (lambda f: PerLayerSpace(0), r"num_layers must be an integer >= 1, got 0"),
+    "GA my below step": (lambda f: GAConfig(my=0.04), r"my must be 0 or a positive multiple of y_step=0.1, got 0.04"),
+    "GA my off grid": (lambda f: GAConfig(my=0.25), r"got 0.25"),
+    "GA mx fraction": (lambda f: GAConfig(mx=1.5), r"GAConfig.mx .* integer >= 0, got 1.5"),
+    "GA population": (lambda f: GAConfig(population=30), r"12 \+ 16 \+ 4 != 30"),
+    "GA parents": (lambda f: GAConfig(parents=1, mutations=27), r"crossover needs at least 2 parents, got parents=1"),
+    "GA generations": (lambda f: GAConfig(generations=-1), r"GAConfig.generations .* got -1"),
+    "GA y_step": (lambda f: GAConfig(y_step=0), r"y_step must be a finite number > 0, got 0"),
+    "GA step mismatch": (lambda f: GeneticSearch(BezierSpace(6), TargetCurveFitness((1.5,) * 6), GAConfig(y_step=0.5, my=0.5)),
+                         r"y_step=0.5 differs from the space's y_step=0.1"),
+    "checkpoint empty": (lambda f: _search(f["ckpt"] / "empty.json").run(), r"checkpoint .*empty.json is unreadable"),
+    "checkpoint truncated": (lambda f: _search(f["ckpt"] / "truncated.json").run(), r"truncated.json is unreadable"),
+    "checkpoint foreign": (lambda f: _search(f["ckpt"] / "other.json").run(), r"other.json is unreadable"),
+    # tasks and data
+    "unknown task": (lambda f: tasks.TaskConfig("qa"), r"unknown task 'qa'"),
+    "kv source": (lambda f: tasks.TaskConfig("kv", 4, source="fle"), r"unknown KV source 'fle'"),
+    "file source on mdqa": (lambda f: tasks.TaskConfig("mdqa", 10, source="file"), r"KV task only, got task='mdqa'"),
+    "task n 0": (lambda f: tasks.TaskConfig("kv", 4, n=0), r"n=0"),
+    "gold position": (lambda f: tasks.TaskConfig("kv", 4, positions=(5,)), r"gold position 5 is outside \[0, 3\]"),
+    "kv formats": (lambda f: data.generate_kv(4, 1, key_format="hex"), r"unknown KV format 'hex'"),
+    "kv key space": (lambda f: data.generate_kv(9001, 1, key_format="digits4"), r"num_pairs=9001 .* \[2, 4500\]"),
+    "kv num_pairs 1": (lambda f: data.generate_kv(1, 1), r"num_pairs must be an integer >= 2, got 1"),
+    "kv n 0": (lambda f: data.generate_kv(4, 0), r"n must be an integer >= 1, got 0"),
+    "kv gold index": (lambda f: data.kv_sample(data.generate_kv(4, 1)[0], 9), r"gold_index 9 is outside \[0, 3\]"),
+    "mdqa empty file": (lambda f: data.load_mdqa(data_dir=f["empty"]), r"nq-open.*holds no records"),
+    "kv empty gzip": (lambda f: data.load_kv(data_dir=f["empty"]), r"kv-retrieval.*holds no records"),
+    "mdqa invalid utf-8": (lambda f: data.load_mdqa(data_dir=f["binary"]), r"cannot read .*nq-open.* as gzipped JSON lines"),
+    "kv truncated gzip": (lambda f: data.load_kv(data_dir=f["truncated"]), r"cannot read .*kv-retrieval.* as gzipped JSON lines"),
+    "text invalid utf-8": (lambda f: data.long_text(data_dir=f["binary"]), r"cannot read .*kjv.txt.gz as gzipped text"),
+    "text windows length 0": (lambda f: data.text_windows(list(range(100)), 0, 2), r"length must be an integer >= 1, got 0"),
+    "text windows too many": (lambda f: data.text_windows(list(range(100)), 30, 4), r"room for 3 windows of 30 tokens, asked for 4"),
+    # metrics
+    "mdqa answers string": (lambda f: metrics.mdqa_correct("Berlin is big", "Paris"), r"list of gold answers, got the string 'Paris'"),
+    "mdqa answers empty": (lambda f: metrics.mdqa_correct("Paris", []), r"at least one gold answer"),
+    "mdqa answer empty": (lambda f: metrics.mdqa_correct("Paris", [""]), r"non-empty string, got ''"),
+    "kv empty value": (lambda f: metrics.kv_correct("anything", ""), r"gold value must be a non-empty string, got ''"),
+    "kv value number": (lambda f: metrics.kv_correct("7219", 7219), r"gold value must be a string, got 7219"),
+    "passkey negative": (lambda f: metrics.passkey_correct("12345", -5), r"non-negative integer or a string of digits, got -5"),
+    "passkey letters": (lambda f: metrics.passkey_correct("12345", "abc"), r"got 'abc'"),
+    "prediction None": (lambda f: metrics.kv_correct(None, "7219"), r"prediction must be a string, got None"),
+    "bootstrap nan": (lambda f: metrics.bootstrap_ci([1.0, float("nan")]), r"non-finite values at indices \[1\]"),
+    "bootstrap empty": (lambda f: metrics.bootstrap_ci([]), r"non-empty 1-D"),
+    "bootstrap confidence": (lambda f: metrics.bootstrap_ci([1.0], confidence=95), r"0 < confidence < 1 .* got confidence=95"),
+    "perplexity tokens": (lambda f: metrics.perplexity(3.0, 0), r"at least one token, got 0"),
+    "rho lengths": (lambda f: metrics.u_shape_rho([0, 1], [0.5, 0.5]), r"at least 3; got 2 and 2"),
+    # evaluation settings and results
+    "batch size 0": (lambda f: evaluate.EvalSettings(batch_size=0), r"batch_size must be an integer >= 1, got 0"),
+    "max new tokens": (lambda f: evaluate.EvalSettings(max_new_tokens=-1), r"max_new_tokens must be an integer >= 1, got -1"),
+    "mode": (lambda f: evaluate.EvalSettings(mode="sample"), r"mode must be 'score' or 'generate', got 'sample'"),
+    "on_overflow": (lambda f: evaluate.EvalSettings(on_overflow="truncate"), r"on_overflow must be 'error' or 'skip', got 'truncate'"),
+    "chat string": (lambda f: evaluate.EvalSettings(chat="yes"), r"chat must be True or False, got 'yes'"),
+    "fitness positions": (lambda f: evaluate.weighted_fitness(__import__("pandas").DataFrame({"position": [0, 1], "correct": [1, 0]})),
+                          r"exactly 3 gold positions .* got \[0, 1\]"),
+    "save scales nan": (lambda f: search.save_scales(f["ckpt"] / "s.json", [1.5, float("nan")]), r"finite numbers > 0, one per layer, got \[1.5, nan\]"),
+    "save scales zero": (lambda f: search.save_scales(f["ckpt"] / "s.json", [1.5, 0.0]), r"got \[1.5, 0.0\]"),
+    "load scales nan": (lambda f: search.load_scales(f["ckpt"] / "scales.json"), r"scales.json has non-finite or non-positive"),
+    "load scales layers": (lambda f: search.load_scales(search.save_scales(f["ckpt"] / "ok.json", [1.5] * 3), 4),
+                           r"holds 3 scales, the model has 4 layers"),
+    "load scales not json": (lambda f: search.load_scales(f["ckpt"] / "truncated.json"), r"truncated.json is not a scales JSON"),
+    # methods and models
+    "dynamic ntk factor": (lambda f: methods.DynamicNTK(factor=-1), r"factor must be a number >= 1, got -1"),
+    "dynamic ntk window": (lambda f: methods.DynamicNTK(original_max_positions=0), r"integer >= 1, got 0"),
+    "ms-poe order": (lambda f: methods.MsPoE(min_scale=2.0, max_scale=1.5), r"min_scale <= max_scale, got 2.0 > 1.5"),
+    "caliope kind": (lambda f: methods.Caliope(kind="moon"), r"unknown CALIOPE calibrator 'moon'"),
+    "lasp kind": (lambda f: methods.LASP("all"), r"unknown LASP variant 'all'"),
+    "buckets base": (lambda f: methods.AttentionBuckets(bases=(10000.0, 0.5)), r"RoPE base must be > 1, got 0.5"),
+    "buckets string": (lambda f: methods.AttentionBuckets(bases="10000"), r"non-empty sequence of RoPE bases, got '10000'"),
+    "model dtype string": (lambda f: models.load_model("tiny-llama", dtype="float64"), r"dtype must be one of .* got 'float64'"),
+    "model name": (lambda f: models.load_model("llama-7b"), r"unknown model 'llama-7b'"),
+    "tiny name": (lambda f: models.tiny_config("tiny-gpt"), r"unknown tiny model 'tiny-gpt'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_raises_a_clear_value_error(case, files):
+    call, message = CASES[case]
+    with pytest.raises(ValueError, match=message):
+        call(files)
+
+
+def test_the_sweep_covers_at_least_sixty_cases():
+    assert len(CASES) >= 60
+
+
+def test_float16_names_a_dtype_but_tiny_models_still_load_in_it():
+    """'float16' is accepted by name (the issue's example of an obscure failure was the string)."""
+    assert models.load_model("tiny-llama", dtype="float16").dtype == torch.float16
+
+
+def test_two_models_sharing_a_result_cache_do_not_share_tables(tmp_path, tokenizer):
+    samples = tasks.TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4").samples()
+    cache = evaluate.ResultCache(tmp_path)
+    a = evaluate.PositionFitness(models.load_model("tiny-llama", seed=0), tokenizer, samples, cache=cache)
+    b = evaluate.PositionFitness(models.load_model("tiny-llama", seed=1), tokenizer, samples, cache=cache)
+    assert a.fingerprint() != b.fingerprint()
+    a(np.ones((1, 4)))
+    b(np.ones((1, 4)))
+    assert len(list(tmp_path.glob("*.csv"))) == 2
+
+
+def test_ga_resume_refuses_a_checkpoint_of_another_fitness(tmp_path, tokenizer):
+    model = models.load_model("tiny-llama")
+    kv = tasks.TaskConfig("kv", 4, n=1, key_format="letters6", value_format="digits4")
+    first = evaluate.PositionFitness(model, tokenizer, kv.samples())
+    other = evaluate.PositionFitness(model, tokenizer, tasks.TaskConfig("kv", 4, n=1, seed=3).samples())
+    cfg, ckpt = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=0), tmp_path / "ga.json"
+    GeneticSearch(BezierSpace(4), first, cfg, checkpoint=ckpt, progress=False).run()
+    with pytest.raises(ValueError, match="belongs to another search configuration or fitness"):
+        GeneticSearch(BezierSpace(4), other, cfg, checkpoint=ckpt, progress=False).run()
+    GeneticSearch(BezierSpace(4), first, cfg, checkpoint=ckpt, progress=False).run()  # the same fitness resumes
