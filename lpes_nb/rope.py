@@ -7,15 +7,18 @@ masking and coarsening probes, CALIOPE remaps and per-layer base schedules are a
 A spec may also divide the frequencies per key/value head (``heads``: Ms-PoE's head-wise scales).
 
 How it works: a forward pre-hook on each patched decoder layer replaces the ``position_embeddings``
-(cos, sin) that the model computed once for all layers with the pair for that layer's spec. Queries
-and keys are rotated inside the attention before the KV cache is updated, so cached keys carry
-their layer's rotation and ``generate()`` stays consistent. Nothing in the model is modified: the
-patch only adds hooks, and removing them restores the model bit for bit.
+that the model computed once for all layers with that layer's, made by the model's own rotary module
+(its forward, called with the spec's frequency table and positions). Queries and keys are rotated
+inside the attention before the KV cache is updated, so cached keys carry their layer's rotation and
+``generate()`` stays consistent. Nothing in the model is modified: the patch only adds hooks, and
+removing them restores the model bit for bit.
 
-Head-wise specs use the same tables with one more axis. The layer then receives the identity
-rotation (cos 1, sin 0, which leaves q and k unchanged exactly) and forward hooks on the modules
-that produce the per-head queries and keys (``q_norm``/``k_norm`` where the model has them, else
-``q_proj``/``k_proj``) rotate each head with its own table, before the keys are cached.
+Head-wise specs need one table per head: while such a layer's attention runs, the model's own
+``apply_rotary_pos_emb`` (a module global its attention calls) is redirected to per-head tables, so q
+and k are still rotated exactly where and how the model rotates them.
+
+Models or features that cannot be patched exactly raise :class:`UnsupportedModel` (a ValueError)
+naming the model type and the feature.
 """
 
 from __future__ import annotations
