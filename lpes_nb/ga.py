@@ -19,7 +19,6 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -217,41 +216,6 @@ def _key(g: np.ndarray) -> str:
     return json.dumps(np.asarray(g).tolist())
 
 
-# --- evaluation backends ---------------------------------------------------------------------------
-
-
-def evaluate_in_process(fitness: Fitness, scales: np.ndarray) -> np.ndarray:
-    return np.asarray(fitness(scales), dtype=float)
-
-
-@dataclass
-class ExecutorBackend:
-    """Score each individual as its own task on a ``concurrent.futures.Executor``."""
-
-    executor: Executor
-
-    def __call__(self, fitness: Fitness, scales: np.ndarray) -> np.ndarray:
-        futures = [self.executor.submit(fitness, scales[i : i + 1]) for i in range(len(scales))]
-        return np.array([float(np.asarray(f.result())[0]) for f in futures])
-
-
-@dataclass
-class RayBackend:
-    """Score each individual as a Ray task (``pip install lpes-nb[ray]``); connects to a running
-    cluster if ``ray.init`` was called, else starts a local one with ``num_cpus``."""
-
-    num_cpus: int | None = None
-
-    def __call__(self, fitness: Fitness, scales: np.ndarray) -> np.ndarray:
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
-        remote = ray.remote(lambda f, s: np.asarray(f(s), dtype=float))
-        fitness_ref = ray.put(fitness)
-        return np.array([float(r[0]) for r in ray.get([remote.remote(fitness_ref, scales[i : i + 1]) for i in range(len(scales))])])
-
-
 # --- the algorithm ---------------------------------------------------------------------------------
 
 
@@ -307,11 +271,11 @@ class GeneticSearch:
     """Run (and resume) the search. ``checkpoint`` (a JSON path) is rewritten atomically after
     every generation; if it exists and belongs to the same configuration, the run resumes from it."""
 
-    def __init__(self, space, fitness: Fitness, config: GAConfig = GAConfig(), evaluate=evaluate_in_process,
-                 checkpoint: str | Path | None = None, progress: bool = True):
+    def __init__(self, space, fitness: Fitness, config: GAConfig = GAConfig(), checkpoint: str | Path | None = None,
+                 progress: bool = True):
         if config.y_step != space.y_step:
             raise ValueError(f"GAConfig.y_step={config.y_step} differs from the space's y_step={space.y_step}")
-        self.space, self.fitness, self.config, self.evaluate = space, fitness, config, evaluate
+        self.space, self.fitness, self.config = space, fitness, config
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
         self.progress = progress
         self.state: _State | None = None
@@ -334,7 +298,7 @@ class GeneticSearch:
                 seen.add(k)
                 new.append(g)
         if new:
-            scores = self.evaluate(self.fitness, np.stack([self.space.decode(g) for g in new]))
+            scores = np.asarray(self.fitness(np.stack([self.space.decode(g) for g in new])), dtype=float)
             if len(scores) != len(new):
                 raise ValueError(f"fitness returned {len(scores)} scores for {len(new)} individuals")
             for g, s in zip(new, scores):
@@ -489,7 +453,7 @@ class GeneticSearch:
         )
 
 
-def random_search(space, fitness: Fitness, budget: int, seed: int = 0, evaluate=evaluate_in_process) -> tuple[np.ndarray, float]:
+def random_search(space, fitness: Fitness, budget: int, seed: int = 0) -> tuple[np.ndarray, float]:
     """Best of ``budget`` distinct uniformly random valid genomes: the baseline the GA must beat."""
     rng = np.random.default_rng(seed)
     genomes, taken = [], set()
@@ -498,6 +462,6 @@ def random_search(space, fitness: Fitness, budget: int, seed: int = 0, evaluate=
         if space.is_valid(g) and _key(g) not in taken:
             taken.add(_key(g))
             genomes.append(g)
-    scores = evaluate(fitness, np.stack([space.decode(g) for g in genomes]))
+    scores = np.asarray(fitness(np.stack([space.decode(g) for g in genomes])), dtype=float)
     i = int(np.argmax(scores))
     return genomes[i], float(scores[i])

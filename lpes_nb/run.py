@@ -8,6 +8,7 @@ the notebook and the cell.
 from __future__ import annotations
 
 import argparse
+import ast
 import shutil
 import sys
 import time
@@ -95,6 +96,13 @@ def clean_for_publish(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
     parser.add_argument("--profile", choices=PROFILES, default="cpu")
@@ -103,14 +111,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     parser.add_argument("--out", type=Path, help="run folder (default runs/<profile>)")
     parser.add_argument("--publish", action="store_true", help="copy the executed notebooks back over notebooks/")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="a notebook parameter, e.g. -p backend ray -p workers 8 (a Python literal, else a string)")
     args = parser.parse_args(argv)
+    parameters = {name: _literal(value) for name, value in args.parameter}
 
     notebooks = select(discover(args.notebooks), args.only, args.start)
     if not notebooks:
         print(f"[run] no numbered notebooks in {args.notebooks}/ — nothing to do")
         return
     out_dir = args.out or Path("runs") / args.profile
-    timings = run(notebooks, args.profile, out_dir)
+    timings = run(notebooks, args.profile, out_dir, parameters)
     if args.publish:
         for t in timings:
             shutil.copyfile(out_dir / t["notebook"], args.notebooks / t["notebook"])

@@ -26,23 +26,39 @@ from .evaluate import (
     frozen,
     position_table,
 )
+from .distributed import FitnessSpec, distributed_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace, atomic_write
 from .rope import RopePatch, RopeSpec, scale_specs
+from .tasks import TaskConfig
 
 
 def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GAConfig, out_dir: Path, name: str,
                settings: EvalSettings = EvalSettings(), lambdas: Sequence[float] = LAMBDAS, model_name: str = "",
-               tie_break: float = 1e-3, progress: bool = True) -> GAResult:
+               tie_break: float = 1e-3, progress: bool = True, backend: str = "in-process", task: TaskConfig | None = None,
+               workers: int = 2, ray_address: str | None = None, num_gpus: float = 0) -> GAResult:
     """Run (or resume, or reload) a GA search; results land in ``out_dir/<name>_*``.
 
     Fitness evaluations are cached on disk by scales, so reruns and ablations that meet the same
-    scales never recompute them; the GA checkpoints after every generation."""
+    scales never recompute them; the GA checkpoints after every generation.
+
+    ``backend``: ``"in-process"`` scores with ``model`` here; ``"processes"`` (a local pool) and
+    ``"ray"`` (actors; ``ray_address`` None starts a local Ray, ``"auto"`` joins a cluster) start
+    ``workers`` workers that each load ``model_name`` once and build ``task``'s samples themselves
+    (``task`` must be the TaskConfig of ``samples``); only scale vectors and scores travel."""
     out_dir = Path(out_dir)
-    fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(out_dir / "fitness_cache"),
-                              model_name, tie_break)
     checkpoint = out_dir / f"{name}.ckpt.json"
-    search = GeneticSearch(space, fitness, config, checkpoint=checkpoint, progress=progress)
-    result = search.run()
+    cache_dir = out_dir / "fitness_cache"
+    if backend == "in-process":
+        fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break)
+        result = GeneticSearch(space, fitness, config, checkpoint=checkpoint, progress=progress).run()
+    else:
+        if task is None or not model_name or [s.prompt for s in task.samples()] != [s.prompt for s in samples]:
+            raise ValueError(f"backend {backend!r} needs model_name and the TaskConfig of the samples (task=...), so that "
+                             "every worker loads the model and builds the same samples itself")
+        spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
+                           str(cache_dir))
+        with distributed_fitness(spec, backend, workers, ray_address, num_gpus, progress) as fitness:
+            result = GeneticSearch(space, fitness, config, checkpoint=checkpoint, progress=progress).run()
     result.save(out_dir, name)
     return result
 

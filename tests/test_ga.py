@@ -1,7 +1,6 @@
-"""The curve-constrained GA: constraints, quality vs random search, resume, caching, backends."""
+"""The curve-constrained GA: constraints, quality vs random search, resume, caching."""
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -12,11 +11,9 @@ from hypothesis import strategies as st
 from lpes_nb.bezier import layer_scales
 from lpes_nb.ga import (
     BezierSpace,
-    ExecutorBackend,
     GAConfig,
     GeneticSearch,
     PerLayerSpace,
-    RayBackend,
     TargetCurveFitness,
     random_search,
 )
@@ -152,25 +149,6 @@ def test_per_layer_variant_records_smoothness_and_improves():
     assert res.summary["best"].iloc[-1] > res.summary["best"].iloc[0]
     assert res.control_points is None and len(res.best_scales) == L
 
-
-def test_executor_backend_equals_in_process():
-    cfg = GAConfig(seed=3, generations=3)
-    ref = GeneticSearch(BezierSpace(L), rmse_fitness, cfg, progress=False).run()
-    with ThreadPoolExecutor(2) as pool:
-        par = GeneticSearch(BezierSpace(L), rmse_fitness, cfg, evaluate=ExecutorBackend(pool), progress=False).run()
-    pd.testing.assert_frame_equal(par.history, ref.history)
-
-
-def test_ray_backend_equals_in_process():
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install lpes-nb[ray]")
-    cfg = GAConfig(seed=4, generations=2)
-    ref = GeneticSearch(BezierSpace(L), rmse_fitness, cfg, progress=False).run()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        par = GeneticSearch(BezierSpace(L), rmse_fitness, cfg, evaluate=RayBackend(), progress=False).run()
-    finally:
-        ray.shutdown()
-    pd.testing.assert_frame_equal(par.history, ref.history)
 
 
 def test_results_are_saved_as_csv_and_scales_json(tmp_path):

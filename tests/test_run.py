@@ -37,3 +37,9 @@ def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
     out = nbformat.read(path, as_version=4)
     assert "widgets" not in out.metadata
     assert [o.get("text") or dict(o["data"]) for o in out.cells[0].outputs] == [{"text/plain": "bar"}, "kept"]
+
+
+def test_notebook_parameters_from_the_command_line_are_python_literals_or_strings():
+    from lpes_nb.run import _literal
+
+    assert [_literal(v) for v in ("8", "ray", "None", "auto", "[1, 2]")] == [8, "ray", None, "auto", [1, 2]]
