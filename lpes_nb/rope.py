@@ -275,8 +275,10 @@ def find_rope_stack(model: nn.Module) -> RopeStack:
         raise UnsupportedModel(f"model type {model_type!r} has layers of different shapes ({', '.join(sorted(varying))} "
                                "set per layer); the per-layer RoPE patch does not support such heterogeneous models")
     for module in model.modules():
-        layers, rotary = getattr(module, "layers", None), getattr(module, "rotary_emb", None)
-        if isinstance(layers, nn.ModuleList) and rotary is not None:
+        rotary = getattr(module, "rotary_emb", None)
+        # the decoder layers beside the shared rotary module: `layers` in most models, `h` in Falcon
+        layers = next((getattr(module, n) for n in ("layers", "h") if isinstance(getattr(module, n, None), nn.ModuleList)), None)
+        if layers is not None and rotary is not None:
             types = getattr(getattr(module, "config", None), "layer_types", None)
             if types is not None and hasattr(rotary, f"{types[0]}_inv_freq"):
                 layer_types = list(types)

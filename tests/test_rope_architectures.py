@@ -19,10 +19,10 @@ REFUSED = {
     "zaya": {"all": "its decoder layers get no position_embeddings keyword"},
     "gemma4_unified_text": {"all": "head_dim differs between its layers (per-layer config)"},
 }
-HEADWISE_REFUSED = {"minimax", "gpt_neox", "gpt_neox_japanese", "jetmoe", "llama4_text", "modernbert-decoder"}
+HEADWISE_REFUSED = {"falcon", "minimax", "gpt_neox", "gpt_neox_japanese", "jetmoe", "llama4_text", "modernbert-decoder"}
 ARCHITECTURES = [
     "afmoe", "apertus", "arcee", "aria_text", "beam", "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm",
-    "deepseek_v4", "diffllama", "doge", "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon_h1",
+    "deepseek_v4", "diffllama", "doge", "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon", "falcon_h1",
     "flex_olmo", "flint", "fuyu", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "glm", "glm4",
     "gpt_neox", "gpt_neox_japanese", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
     "granitemoeshared", "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hyperclovax", "internlm3",

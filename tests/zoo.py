@@ -16,7 +16,8 @@ VOCAB = 128
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False,
               initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-OVERRIDES = {"persimmon": dict(num_key_value_heads=None), "fuyu": dict(num_key_value_heads=None)}
+OVERRIDES = {"persimmon": dict(num_key_value_heads=None), "fuyu": dict(num_key_value_heads=None),
+             "falcon": dict(head_dim=None, num_key_value_heads=None, num_kv_heads=2, new_decoder_architecture=True)}
 MAX_PARAMETERS = 20e6  # configs whose other defaults stay large (vision towers, huge MoE) are left out
 
 
