@@ -27,7 +27,7 @@ from .methods import (
 from .metrics import perplexity
 from .moice import MoICE
 from .results import cached_table
-from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack
+from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, single_base
 from .tasks import TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
 
@@ -124,7 +124,7 @@ def extrapolation_specs(model, variant: str, length: int, relative: Sequence[flo
         factor = max(length / window, 1.0)
         return [RopeSpec(scale=float(factor * r)) for r in rel]
     dim = 2 * stack.native(0)[0].shape[0]
-    base = dynamic_ntk_base(cfg.rope_parameters["rope_theta"], 2.0, length, window, dim)
+    base = dynamic_ntk_base(single_base(model, "NTK extrapolation"), 2.0, length, window, dim)
     return [RopeSpec(base=base, scale=float(r)) for r in rel]
 
 

@@ -28,6 +28,7 @@ from .rope import (
     find_rope_stack,
     positive_real,
     scale_specs,
+    single_base,
 )
 
 
@@ -114,14 +115,12 @@ class DynamicNTK(Method):
 
     def specs(self, model, length, segments):
         cfg = model.config
-        rope = cfg.rope_parameters
-        if "rope_theta" not in rope:
-            raise ValueError("Dynamic NTK here needs a single RoPE base (not one per attention type)")
+        theta = single_base(model, "Dynamic NTK")
         max_pos = self.original_max_positions or cfg.max_position_embeddings
         if length <= max_pos:
             return None  # transformers applies no change inside the original window
         dim = 2 * find_rope_stack(model).native(0)[0].shape[0]
-        base = dynamic_ntk_base(rope["rope_theta"], self.factor, length, max_pos, dim)
+        base = dynamic_ntk_base(theta, self.factor, length, max_pos, dim)
         return [RopeSpec(base=base)] * cfg.num_hidden_layers
 
 
@@ -209,7 +208,7 @@ class AttentionBuckets(Method):
     def bucket_bases(self, model) -> list[float]:
         if self.bases is not None:
             return [float(b) for b in self.bases]
-        theta = model.config.rope_parameters["rope_theta"]
+        theta = single_base(model, "Attention Buckets")
         return [theta * b / 10000.0 for b in range(10000, 28001, 3000)]
 
     def _patches(self, model) -> list[RopePatch]:
@@ -339,8 +338,6 @@ class LASP(Method):
         return scales, bases
 
     def specs(self, model, length, segments):
-        rope = model.config.rope_parameters
-        if "rope_theta" not in rope:
-            raise ValueError("LASP here needs a single RoPE base (not one per attention type)")
+        theta = single_base(model, "LASP")
         scales, bases = self.schedule(find_rope_stack(model).num_layers)
-        return [RopeSpec(scale=float(s), base=None if b == 1.0 else float(rope["rope_theta"] * b)) for s, b in zip(scales, bases)]
+        return [RopeSpec(scale=float(s), base=None if b == 1.0 else float(theta * b)) for s, b in zip(scales, bases)]

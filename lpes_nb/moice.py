@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .methods import Method
-from .rope import RopePatch, RopeSpec, find_rope_stack
+from .rope import RopePatch, RopeSpec, find_rope_stack, single_base
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
@@ -96,7 +96,7 @@ class MoICE(Method):
     def model_bases(self, model) -> list[float]:
         if self.bases is not None:
             return [float(b) for b in self.bases]
-        theta = model.config.rope_parameters["rope_theta"]
+        theta = single_base(model, "MoICE")
         return [theta * b / 10000.0 for b in REFERENCE_BASES]
 
     def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:

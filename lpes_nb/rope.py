@@ -266,6 +266,16 @@ class RopeStack:
             "apply_rotary_pos_emb(q, k, cos, sin) to rotate queries and keys with outside the attention")
 
 
+def single_base(model: nn.Module, feature: str) -> float:
+    """The model's one RoPE base, for methods defined relative to it; models with one base per
+    attention type (Gemma-3) are refused, naming the ``feature``."""
+    params = model.config.get_text_config().rope_parameters
+    if "rope_theta" not in params:
+        raise UnsupportedModel(f"{feature} needs a single RoPE base; model type {model.config.model_type!r} has one per "
+                               f"attention type ({', '.join(sorted(params))})")
+    return float(params["rope_theta"])
+
+
 def find_rope_stack(model: nn.Module) -> RopeStack:
     """Locate the decoder stack and its rotary embedding; a clear ValueError for models without RoPE."""
     config = getattr(model, "config", None)

@@ -183,3 +183,18 @@ def test_ga_resume_refuses_a_checkpoint_of_another_fitness(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="belongs to another search configuration or fitness"):
         GeneticSearch(BezierSpace(4), other, cfg, checkpoint=ckpt, progress=False).run()
     GeneticSearch(BezierSpace(4), first, cfg, checkpoint=ckpt, progress=False).run()  # the same fitness resumes
+
+
+@pytest.mark.parametrize("method", [methods.DynamicNTK(original_max_positions=8), methods.AttentionBuckets(),
+                                    methods.LASP("base")])
+def test_methods_relative_to_one_base_refuse_a_model_with_a_base_per_attention_type(method):
+    model = models.load_model("tiny-gemma3")
+    with pytest.raises(rope.UnsupportedModel, match="needs a single RoPE base; model type 'gemma3_text' has one per"):
+        method.bucket_bases(model) if isinstance(method, methods.AttentionBuckets) else method.specs(model, 64, None)
+
+
+def test_moice_refuses_a_model_with_a_base_per_attention_type():
+    from lpes_nb.moice import MoICE
+
+    with pytest.raises(rope.UnsupportedModel, match="MoICE needs a single RoPE base"):
+        MoICE().model_bases(models.load_model("tiny-gemma3"))
