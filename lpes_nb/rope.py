@@ -498,7 +498,9 @@ class _HeadwiseRotation:
     attention at call time) to per-head tables while a head-wise layer's attention runs, so q and k
     are rotated exactly where and how the model rotates them (after or before its q/k norms,
     partial rotary dims, fp32 upcasts), and nowhere else. One per patched module of transformers,
-    shared by all layers and patches; it restores the original when the last user removes it."""
+    shared by all layers and patches; it restores the original when the last user removes it.
+    Like every hook, it is process-global state: two threads running models of the same type with
+    head-wise patches at once are not supported."""
 
     _installed: dict[str, _HeadwiseRotation] = {}
     NAME = "apply_rotary_pos_emb"
