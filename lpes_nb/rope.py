@@ -145,7 +145,8 @@ class RopeStack:
         # the undecorated forward: no torch.no_grad (learned position remaps need gradients) and no
         # dynamic-RoPE update (the model's own call has already updated its table for this forward)
         self._forward = inspect.unwrap(type(self.rotary).forward)
-        self._rebuilt: dict = {}
+        self._rebuilt: dict = {}  # (layer type, base, seq_len) -> rebuilt frequency table
+        self._verified: set = set()  # one-time checks passed, per layer type
 
     @property
     def num_layers(self) -> int:
@@ -201,7 +202,7 @@ class RopeStack:
                 f"for another base (supported: {', '.join(REBUILDABLE_ROPE_TYPES)})")
         # dynamic: the sequence length the model's own table was last built for
         seq_len = getattr(self.rotary, f"{self._prefix(layer)}max_seq_len_cached", None) if "dynamic" in rope_type else None
-        if ("check", kind) not in self._rebuilt:
+        if ("rebuild", kind) not in self._verified:
             # rebuilding with the model's own base must give its table back bit for bit; a model
             # that builds its table some other way is refused, not approximated
             original = getattr(self.rotary, f"{self._prefix(layer)}original_inv_freq", None)
@@ -213,7 +214,7 @@ class RopeStack:
                 raise UnsupportedModel(
                     f"RopeSpec(base=...) on model type {self.model_type!r}: its rope_type {rope_type!r} init function "
                     "does not reproduce the model's own frequency table, so another base cannot be applied exactly")
-            self._rebuilt[("check", kind)] = True
+            self._verified.add(("rebuild", kind))
         key = (kind, base, seq_len)
         if key not in self._rebuilt:
             self._rebuilt[key] = self._build(layer, rope_type, base, seq_len)
@@ -241,7 +242,7 @@ class RopeStack:
         """Once per table kind: the rotary forward must really use the table the patch sets (PhiMoE's
         rebuilds its own from the config on every call, which would make every spec a silent no-op)."""
         kind = self.layer_types[layer]
-        if ("swappable", kind) in self._rebuilt:
+        if ("swappable", kind) in self._verified:
             return
         native = self.native(layer)[0]
         x, one = torch.zeros(1, 1, 1, device=native.device), torch.ones(1, 1, dtype=torch.long, device=native.device)
@@ -251,7 +252,7 @@ class RopeStack:
             raise UnsupportedModel(
                 f"model type {self.model_type!r}: its rotary module ignores the frequency table it is given (it rebuilds "
                 "its own on every call), so no RoPE spec other than the identity can be applied exactly")
-        self._rebuilt[("swappable", kind)] = True
+        self._verified.add(("swappable", kind))
 
     def rotation(self, layer: int, feature: str) -> Callable:
         """The model's own rotation of one tensor, f(x [B, H, T, D], cos, sin [B, T, D]), for work

@@ -5,6 +5,8 @@ import copy
 import pytest
 import torch
 
+from zoo import with_rope_parameters
+
 from lpes_nb.models import model_from_config
 from lpes_nb.rope import (
     IDENTITY,
@@ -28,19 +30,6 @@ def _logits(model, ids, **kw):
         return model(ids, **kw).logits
 
 
-def _with_rope(model, rope_parameters_for):
-    """A copy of ``model`` whose config says ``rope_parameters`` (per layer type for Gemma-3)."""
-    config = copy.deepcopy(model.config)
-    params = config.rope_parameters
-    if all(isinstance(v, dict) for v in params.values()):
-        config.rope_parameters = {k: rope_parameters_for(v) for k, v in params.items()}
-    else:
-        config.rope_parameters = rope_parameters_for(params)
-    other = model_from_config(config)
-    other.load_state_dict(model.state_dict())
-    return other
-
-
 def test_identity_specs_are_bit_identical(tiny):
     ids = _ids()
     ref = _logits(tiny, ids)
@@ -51,7 +40,7 @@ def test_identity_specs_are_bit_identical(tiny):
 @pytest.mark.parametrize("scale", [1.5, 2.0, 2.5])
 def test_uniform_scale_equals_transformers_linear(tiny, scale):
     ids = _ids()
-    linear = _with_rope(tiny, lambda p: {**p, "rope_type": "linear", "factor": scale})
+    linear = with_rope_parameters(tiny, lambda p: {**p, "rope_type": "linear", "factor": scale})
     expected = _logits(linear, ids)
     with RopePatch(tiny, scale_specs([scale] * tiny.config.num_hidden_layers)):
         got = _logits(tiny, ids)
@@ -64,7 +53,7 @@ def test_uniform_scale_equals_transformers_linear(tiny, scale):
 @pytest.mark.parametrize("scale", [2.0])
 def test_uniform_scale_equals_linear_on_smollm2(smollm2, scale):
     ids = _ids(batch=1, length=300)
-    linear = _with_rope(smollm2, lambda p: {**p, "rope_type": "linear", "factor": scale})
+    linear = with_rope_parameters(smollm2, lambda p: {**p, "rope_type": "linear", "factor": scale})
     expected = _logits(linear, ids)
     with RopePatch(smollm2, scale_specs([scale] * smollm2.config.num_hidden_layers)):
         got = _logits(smollm2, ids)
@@ -78,7 +67,7 @@ def test_per_layer_base_equals_dynamic_ntk_at_prefill(tiny_llama):
     cfg = tiny_llama.config
     factor, length = 2.0, cfg.max_position_embeddings + 100
     ids = _ids(batch=1, length=length)
-    dynamic = _with_rope(tiny_llama, lambda p: {**p, "rope_type": "dynamic", "factor": factor})
+    dynamic = with_rope_parameters(tiny_llama, lambda p: {**p, "rope_type": "dynamic", "factor": factor})
     expected = _logits(dynamic, ids)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     base = dynamic_ntk_base(cfg.rope_parameters["rope_theta"], factor, length, cfg.max_position_embeddings, head_dim)

@@ -29,11 +29,11 @@ def tiny_config(model_type: str):
         return AutoConfig.for_model(model_type, **fields)
 
 
-def build(config, dtype=torch.float32, seed: int = 0):
+def build(config, dtype=torch.float32, seed: int = 0, attn_implementation: str = "eager"):
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype).eval()
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype).eval()
 
 
 def with_rope_parameters(model, change):
@@ -45,7 +45,7 @@ def with_rope_parameters(model, change):
         text.rope_parameters = {k: change(v) for k, v in params.items()}
     else:
         text.rope_parameters = change(params)
-    other = build(config, model.dtype)
+    other = build(config, model.dtype, attn_implementation=model.config._attn_implementation)
     other.load_state_dict(model.state_dict())
     return other
 
