@@ -13,7 +13,6 @@ Two ways to judge a sample:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from .metrics import (
     u_shape_rho,
 )
 from .models import model_fingerprint
+from .results import cache_key, write_csv
 from .rope import RopePatch, RopeSpec, scale_specs
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
@@ -327,11 +327,6 @@ def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> fl
 # --- results cache and the GA fitness --------------------------------------------------------------
 
 
-def cache_key(**parts) -> str:
-    """A stable hash of everything that determines a result (model, RoPE config, task, seed, ...)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:20]
-
-
 class ResultCache:
     """Evaluation tables on disk under ``directory``, one CSV per key, written atomically."""
 
@@ -346,10 +341,7 @@ class ResultCache:
         return pd.read_csv(path) if path.exists() else None
 
     def put(self, key: str, df: pd.DataFrame) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(key).with_suffix(".tmp")
-        df.to_csv(tmp, index=False)
-        tmp.replace(self.path(key))
+        write_csv(self.path(key), df)
 
 
 class PositionFitness:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .bezier import CURVES, Y_RANGE, default_control_points, layer_scales, smoothness
+from .results import atomic_write, save_scales, write_csv
 
 Fitness = Callable[[np.ndarray], Sequence[float]]
 
@@ -234,28 +233,10 @@ class GAResult:
         JSON format that the methods load)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.history.to_csv(directory / f"{name}_history.csv", index=False)
-        self.summary.to_csv(directory / f"{name}_summary.csv", index=False)
-        best = {
-            "scales": [round(float(s), 10) for s in self.best_scales],
-            "fitness": self.best_fitness,
-            "control_points": self.control_points,
-            "evaluations": self.evaluations,
-        }
-        atomic_write(directory / f"{name}_best.json", json.dumps(best, indent=2) + "\n")
-        return directory / f"{name}_best.json"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_csv(directory / f"{name}_history.csv", self.history)
+        write_csv(directory / f"{name}_summary.csv", self.summary)
+        return save_scales(directory / f"{name}_best.json", self.best_scales, fitness=self.best_fitness,
+                           control_points=self.control_points, evaluations=self.evaluations)
 
 
 @dataclass
@@ -282,7 +263,7 @@ class GeneticSearch:
 
     # identity of a run: everything that determines its trajectory, including what is optimised when
     # the fitness states it (PositionFitness.fingerprint(): model, dtype, task samples, settings)
-    def _fingerprint(self) -> str:
+    def fingerprint(self) -> str:
         fitness = self.fitness.fingerprint() if hasattr(self.fitness, "fingerprint") else None
         desc = {"space": type(self.space).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.space).items()},
                 **asdict(self.config), "fitness": fitness}
@@ -376,7 +357,7 @@ class GeneticSearch:
             return
         s = self.state
         payload = {
-            "fingerprint": self._fingerprint(), "generation": s.generation,
+            "fingerprint": self.fingerprint(), "generation": s.generation,
             "population": [p.tolist() for p in s.population], "cache": s.cache,
             "rng_state": s.rng_state, "history": s.history,
         }
@@ -392,7 +373,7 @@ class GeneticSearch:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"GA checkpoint {self.checkpoint} is unreadable (truncated or not a checkpoint: "
                              f"{type(err).__name__}: {err}); delete it to start the search afresh") from None
-        if fingerprint != self._fingerprint():
+        if fingerprint != self.fingerprint():
             raise ValueError(
                 f"checkpoint {self.checkpoint} belongs to another search configuration or fitness (model, task, "
                 "samples, settings); delete it or choose another checkpoint path"
@@ -409,6 +390,12 @@ class GeneticSearch:
                              "delete it to start the search afresh") from None
         return True
 
+    def finished(self) -> bool:
+        """Whether the checkpoint holds this search's complete run (so :meth:`run` scores nothing)."""
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return False
+        return self._load_checkpoint() and self.state.generation >= self.config.generations
+
     def run(self) -> GAResult:
         cfg = self.config
         rng = np.random.default_rng(cfg.seed)
@@ -422,7 +409,8 @@ class GeneticSearch:
             self._record(0, population, scores)
             self.state.rng_state = rng.bit_generator.state
             self._save_checkpoint()
-        bar = tqdm(total=cfg.generations, initial=self.state.generation, desc="GA generations", disable=not self.progress)
+        bar = tqdm(total=cfg.generations, initial=self.state.generation, desc="GA generations",
+                   disable=not self.progress or self.state.generation >= cfg.generations)
         while self.state.generation < cfg.generations:
             population = self.state.population
             population = self._next_generation(population, self._score(population), rng)

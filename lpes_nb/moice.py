@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from .methods import Method
+from .results import atomic_write, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, single_base
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
@@ -166,14 +168,14 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
 
 
 def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Path:
-    """Weights (``.pt``) and a JSON beside them with the bases, the budget and the loss history."""
+    """Weights (``.safetensors``) and a JSON beside them with the bases, the budget, the loss
+    history and ``meta``; the JSON is written last, so it exists only beside complete weights."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(method.router.state_dict(), path.with_suffix(".pt"))
-    info = dict(bases=method.bases, steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr,
-                hidden=budget.hidden, seed=budget.seed, loss=budget.history, **meta)
-    path.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
-    return path.with_suffix(".pt")
+    weights = path.with_suffix(".safetensors")
+    atomic_write(weights, safetensors.torch.save({k: v.contiguous() for k, v in method.router.state_dict().items()}))
+    write_json(path.with_suffix(".json"), dict(bases=method.bases, steps=budget.steps, batch_size=budget.batch_size,
+                                               lr=budget.lr, hidden=budget.hidden, seed=budget.seed, loss=budget.history, **meta))
+    return weights
 
 
 def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path, meta: dict | None = None,
@@ -183,12 +185,13 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
     meta = meta or {}
     info_path = Path(path).with_suffix(".json")
     wanted = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, hidden=budget.hidden, seed=budget.seed, **meta)
-    if info_path.exists() and Path(path).with_suffix(".pt").exists():
+    if info_path.exists() and Path(path).with_suffix(".safetensors").exists():
         info = json.loads(info_path.read_text())
         if all(info.get(k) == v for k, v in wanted.items()):
             method = load_router(model, path)
             budget.history[:] = info["loss"]
             return method
+    will_compute("MoICE router training", info_path)
     start = time.perf_counter()
     method = train_router(model, tokenizer, samples, budget, progress)
     save_router(method, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
@@ -199,6 +202,6 @@ def load_router(model, path: Path) -> MoICE:
     info = json.loads(Path(path).with_suffix(".json").read_text())
     method = MoICE(bases=info["bases"])
     router = method.new_router(model, info["hidden"], info["seed"])
-    router.load_state_dict(torch.load(Path(path).with_suffix(".pt")))
+    router.load_state_dict(safetensors.torch.load_file(Path(path).with_suffix(".safetensors")))
     method.router = router
     return method

@@ -1,17 +1,73 @@
-"""Where studies write: ``results/<profile>/`` (CSV + the JSON of parameters that produced it) and
-``figures/<profile>/``; the ``cpu`` profile writes straight to ``results/`` and ``figures/``, which
-are committed. A table keyed by its parameters is computed once and read back on reruns."""
+"""The result store: where studies write, how a result is keyed, and the one way files are written.
+
+``results/<profile>/`` (CSV + the JSON of parameters that produced it) and ``figures/<profile>/``;
+the ``cpu`` profile writes straight to ``results/`` and ``figures/``, which are committed. Every
+expensive step is found by the key of its parameters (:func:`cache_key`): tables through
+:func:`cached_table`, GA searches through their checkpoint (``search.run_search``), the MoICE router
+through its JSON (``moice.load_or_train``). A rerun therefore recomputes nothing, and a changed
+parameter recomputes exactly the steps whose key contains it.
+
+When the *code* behind a step changes without a parameter changing, add or bump a ``version`` entry
+in that step's parameters: the old result is then a miss. With ``LPES_CACHED_ONLY=1`` every miss
+raises :class:`CacheMiss` naming the step, instead of recomputing (the published-run check)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .evaluate import cache_key
+CACHED_ONLY = "LPES_CACHED_ONLY"
+BEST_SCALES = "lpes_best_scales.json"  # what notebook 5 found; notebooks 4, 6, 7 and the scripts read it
+
+
+class CacheMiss(RuntimeError):
+    """A step that would be recomputed in a run that may only read stored results."""
+
+
+def cache_key(**parts) -> str:
+    """A stable hash of everything that determines a result (model, RoPE config, task, seed, ...)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+
+
+def will_compute(step: str, where: Path | str) -> None:
+    """Call right before an expensive step recomputes: refuses, naming the step, under
+    ``LPES_CACHED_ONLY=1``, so a check of the published run never silently spends an hour."""
+    if os.environ.get(CACHED_ONLY, "") not in ("", "0"):
+        raise CacheMiss(
+            f"step '{step}' is not in the result store (looked for {where}); {CACHED_ONLY} is set, so it is "
+            "not recomputed. Rerun without it (scripts/run_all.sh) to compute and store it."
+        )
+
+
+def atomic_write(path: Path | str, content: str | bytes) -> Path:
+    """Write through a temporary file and a rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: Path | str, payload) -> Path:
+    """JSON with sorted keys and a final newline: the same payload always gives the same bytes."""
+    return atomic_write(path, json.dumps(payload, indent=2, sort_keys=True, default=repr) + "\n")
+
+
+def write_csv(path: Path | str, df: pd.DataFrame) -> Path:
+    return atomic_write(path, df.to_csv(index=False))
 
 
 def project_root(start: Path | None = None) -> Path:
@@ -34,16 +90,39 @@ def output_dir(kind: str, profile: str) -> Path:
 
 
 def cached_table(name: str, params: dict, compute: Callable[[], pd.DataFrame], profile: str) -> pd.DataFrame:
-    """Read ``<name>-<hash(params)>.csv`` if it exists, else compute it and write CSV + params JSON
-    (CSV first via a temporary file, so an interrupted run never leaves a half-written table)."""
+    """Read ``<name>-<cache_key(params)>.csv`` if it exists, else compute it and write CSV + params JSON."""
     directory = output_dir("results", profile)
     stem = f"{name}-{cache_key(**params)}"
     csv = directory / f"{stem}.csv"
     if csv.exists():
         return pd.read_csv(csv)
+    will_compute(name, csv)
     df = compute()
-    tmp = csv.with_suffix(".tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(csv)
-    (directory / f"{stem}.json").write_text(json.dumps(params, indent=2, sort_keys=True, default=repr) + "\n")
+    write_csv(csv, df)
+    write_json(directory / f"{stem}.json", params)
     return df
+
+
+def save_scales(path: Path | str, scales, **meta) -> Path:
+    """The scales JSON every method and the explorer load: ``{"scales": [...], ...meta}``."""
+    values = [float(s) for s in scales]
+    if not values or not all(np.isfinite(s) and s > 0 for s in values):
+        raise ValueError(f"scales must be finite numbers > 0, one per layer, got {list(scales)!r}")
+    return write_json(path, {"scales": [round(s, 10) for s in values], **meta})
+
+
+def read_scales(path: Path | str, num_layers: int | None = None) -> dict:
+    """The payload of a scales JSON (``payload["scales"]``: floats), checked: one finite scale > 0
+    per layer (``num_layers``, when given)."""
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a scales JSON file: {err}") from None
+    if not isinstance(payload, dict) or "scales" not in payload:
+        raise ValueError(f"{path} has no 'scales' list")
+    scales = [float(s) for s in payload["scales"]]
+    if num_layers is not None and len(scales) != num_layers:
+        raise ValueError(f"{path} holds {len(scales)} scales, the model has {num_layers} layers")
+    if any(not (np.isfinite(s) and s > 0) for s in scales):
+        raise ValueError(f"{path} has non-finite or non-positive scales; every RoPE scale must be a finite number > 0")
+    return {**payload, "scales": scales}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,13 +20,13 @@ from .evaluate import (
     ResultCache,
     answer_batch,
     answer_nll,
-    cache_key,
     evaluate_samples,
     frozen,
     position_table,
 )
 from .distributed import FitnessSpec, distributed_fitness
-from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace, atomic_write
+from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
+from .results import cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
 from .tasks import TaskConfig
 
@@ -38,27 +37,38 @@ def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GACon
                workers: int = 2, ray_address: str | None = None, num_gpus: float = 0) -> GAResult:
     """Run (or resume, or reload) a GA search; results land in ``out_dir/<name>_*``.
 
-    Fitness evaluations are cached on disk by scales, so reruns and ablations that meet the same
-    scales never recompute them; the GA checkpoints after every generation.
+    The GA checkpoints after every generation to ``out_dir/<name>-<fingerprint>.ckpt.json``; a
+    finished checkpoint is the stored result (nothing is scored again). Fitness evaluations are also
+    cached on disk by scales, so ablations that meet the same scales never recompute them.
 
     ``backend``: ``"in-process"`` scores with ``model`` here; ``"processes"`` (a local pool) and
     ``"ray"`` (actors; ``ray_address`` None starts a local Ray, ``"auto"`` joins a cluster) start
     ``workers`` workers that each load ``model_name`` once and build ``task``'s samples themselves
     (``task`` must be the TaskConfig of ``samples``); only scale vectors and scores travel."""
     out_dir = Path(out_dir)
-    checkpoint = out_dir / f"{name}.ckpt.json"
     cache_dir = out_dir / "fitness_cache"
-    if backend == "in-process":
-        fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break)
-        result = GeneticSearch(space, fitness, config, checkpoint=checkpoint, progress=progress).run()
+    fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break)
+    search = GeneticSearch(space, fitness, config, progress=progress)
+    # the checkpoint is the search's entry in the result store: keyed by everything that determines
+    # the run, so a changed parameter starts a new search and a finished one is only read back
+    search.checkpoint = out_dir / f"{name}-{search.fingerprint()}.ckpt.json"
+    if search.finished():
+        result = search.run()
+    elif backend == "in-process":
+        will_compute(f"GA search {name}", search.checkpoint)
+        result = search.run()
     else:
         if task is None or not model_name or [s.prompt for s in task.samples()] != [s.prompt for s in samples]:
             raise ValueError(f"backend {backend!r} needs model_name and the TaskConfig of the samples (task=...), so that "
                              "every worker loads the model and builds the same samples itself")
+        will_compute(f"GA search {name}", search.checkpoint)
         spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
                            str(cache_dir))
-        with distributed_fitness(spec, backend, workers, ray_address, num_gpus, progress) as fitness:
-            result = GeneticSearch(space, fitness, config, checkpoint=checkpoint, progress=progress).run()
+        with distributed_fitness(spec, backend, workers, ray_address, num_gpus, progress) as remote:
+            if remote.fingerprint() != fitness.fingerprint():
+                raise RuntimeError(f"the {backend} workers built a different fitness (fingerprint {remote.fingerprint()}) "
+                                   f"than this process ({fitness.fingerprint()}): model, dtype, samples or settings differ")
+            result = GeneticSearch(space, remote, config, checkpoint=search.checkpoint, progress=progress).run()
     result.save(out_dir, name)
     return result
 
@@ -154,33 +164,6 @@ def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, t
 def uniform_like(scales: Sequence[float]) -> list[float]:
     """Positional interpolation with the same average scale (the PI baseline of LPES)."""
     return [float(np.mean(scales))] * len(scales)
-
-
-def save_scales(path: Path, scales: Sequence[float], **meta) -> Path:
-    """The scales JSON every method and the explorer load: ``{"scales": [...], ...}``."""
-    path = Path(path)
-    values = [float(s) for s in scales]
-    if not values or not all(np.isfinite(s) and s > 0 for s in values):
-        raise ValueError(f"scales must be finite numbers > 0, one per layer, got {list(scales)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"scales": [round(s, 10) for s in values], **meta}, indent=2) + "\n")
-    return path
-
-
-def load_scales(path: Path, num_layers: int | None = None) -> list[float]:
-    """Scales from a JSON written by :func:`save_scales` or ``GAResult.save``; checks the layer count."""
-    try:
-        payload = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a scales JSON file: {err}") from None
-    if not isinstance(payload, dict) or "scales" not in payload:
-        raise ValueError(f"{path} has no 'scales' list")
-    scales = [float(s) for s in payload["scales"]]
-    if num_layers is not None and len(scales) != num_layers:
-        raise ValueError(f"{path} holds {len(scales)} scales, the model has {num_layers} layers")
-    if any(not (np.isfinite(s) and s > 0) for s in scales):
-        raise ValueError(f"{path} has non-finite or non-positive scales; every RoPE scale must be a finite number > 0")
-    return scales
 
 
 def search_key(**parts) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .bezier import CURVES, Y_RANGE, layer_positions, layer_scales
-from .search import save_scales
+from .results import BEST_SCALES, read_scales, save_scales
 
 _DRAW_POINTS = 200  # samples along the curve for drawing it
 
@@ -197,11 +197,11 @@ class BezierExplorer:
         self._status.value = f"wrote {path}"
 
     def _load_best(self) -> None:
-        path = self.results_dir / "lpes_best_scales.json"
+        path = self.results_dir / BEST_SCALES
         if not path.is_file():
             self._status.value = f"no search result at {path} yet: run notebook 5 first"
             return
-        payload = json.loads(path.read_text())
+        payload = read_scales(path)
         points = payload.get("control_points")
         if not points:
             self._status.value = f"{path} has no control points"

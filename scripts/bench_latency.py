@@ -16,7 +16,7 @@ import torch
 from lpes_nb.benchmarks import compared_methods, latency, latency_samples
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.moice import load_router
-from lpes_nb.search import load_scales
+from lpes_nb.results import BEST_SCALES, read_scales
 from lpes_nb.tasks import profile
 
 
@@ -25,14 +25,14 @@ def main():
     parser.add_argument("--n", type=int, default=2, help="MDQA prompts per method and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=8)
-    parser.add_argument("--scales", type=Path, default=Path("results/lpes_best_scales.json"))
+    parser.add_argument("--scales", type=Path, default=Path("results") / BEST_SCALES)
     parser.add_argument("--router", type=Path, default=Path("results/moice_router"), help="MoICE router trained by notebook 6")
     parser.add_argument("--methods", nargs="+", help="a subset of the compared methods (the baseline is always timed)")
     parser.add_argument("--name", default="latency", help="output file stem under --out")
     parser.add_argument("--out", type=Path, default=Path("results"))
     args = parser.parse_args()
     model, tok = load_model(), load_tokenizer()
-    scales = load_scales(args.scales, model.config.num_hidden_layers)
+    scales = read_scales(args.scales, model.config.num_hidden_layers)["scales"]
     samples = latency_samples(profile("cpu")["mdqa"], args.n)
     moice = load_router(model, args.router) if args.router.with_suffix(".pt").exists() else None
     methods = compared_methods(scales, moice)

@@ -3,13 +3,12 @@ bad value (or what is wrong with it) and, where there is one, the allowed range.
 result or fail with an unrelated error."""
 
 import gzip
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from lpes_nb import bezier, data, evaluate, ga, methods, metrics, models, rope, search, tasks
+from lpes_nb import bezier, data, evaluate, methods, metrics, models, results, rope, tasks
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, PerLayerSpace, TargetCurveFitness
 
 
@@ -126,12 +125,12 @@ CASES = {
     "chat string": (lambda f: evaluate.EvalSettings(chat="yes"), r"chat must be True or False, got 'yes'"),
     "fitness positions": (lambda f: evaluate.weighted_fitness(__import__("pandas").DataFrame({"position": [0, 1], "correct": [1, 0]})),
                           r"exactly 3 gold positions .* got \[0, 1\]"),
-    "save scales nan": (lambda f: search.save_scales(f["ckpt"] / "s.json", [1.5, float("nan")]), r"finite numbers > 0, one per layer, got \[1.5, nan\]"),
-    "save scales zero": (lambda f: search.save_scales(f["ckpt"] / "s.json", [1.5, 0.0]), r"got \[1.5, 0.0\]"),
-    "load scales nan": (lambda f: search.load_scales(f["ckpt"] / "scales.json"), r"scales.json has non-finite or non-positive"),
-    "load scales layers": (lambda f: search.load_scales(search.save_scales(f["ckpt"] / "ok.json", [1.5] * 3), 4),
+    "save scales nan": (lambda f: results.save_scales(f["ckpt"] / "s.json", [1.5, float("nan")]), r"finite numbers > 0, one per layer, got \[1.5, nan\]"),
+    "save scales zero": (lambda f: results.save_scales(f["ckpt"] / "s.json", [1.5, 0.0]), r"got \[1.5, 0.0\]"),
+    "load scales nan": (lambda f: results.read_scales(f["ckpt"] / "scales.json"), r"scales.json has non-finite or non-positive"),
+    "load scales layers": (lambda f: results.read_scales(results.save_scales(f["ckpt"] / "ok.json", [1.5] * 3), 4),
                            r"holds 3 scales, the model has 4 layers"),
-    "load scales not json": (lambda f: search.load_scales(f["ckpt"] / "truncated.json"), r"truncated.json is not a scales JSON"),
+    "load scales not json": (lambda f: results.read_scales(f["ckpt"] / "truncated.json"), r"truncated.json is not a scales JSON"),
     # methods and models
     "dynamic ntk factor": (lambda f: methods.DynamicNTK(factor=-1), r"factor must be a number >= 1, got -1"),
     "dynamic ntk window": (lambda f: methods.DynamicNTK(original_max_positions=0), r"integer >= 1, got 0"),

@@ -89,7 +89,7 @@ def test_sliders_follow_the_points_without_echoing_back(tmp_path):
 
 
 def test_explorer_loads_the_best_ga_result(tmp_path):
-    from lpes_nb.search import save_scales
+    from lpes_nb.results import save_scales
     from lpes_nb.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)

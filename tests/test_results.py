@@ -1,0 +1,107 @@
+"""The result store: every expensive step is found by its key, a rerun recomputes nothing, and a
+cached-only run (the published-run check) fails fast, naming the step, instead of recomputing."""
+
+import dataclasses
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from lpes_nb import plots, results
+from lpes_nb.ga import BezierSpace, GAConfig
+from lpes_nb.moice import RouterTraining, load_or_train
+from lpes_nb.results import CACHED_ONLY, CacheMiss, cached_table
+from lpes_nb.search import run_search
+from lpes_nb.tasks import TaskConfig
+
+TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")
+SMALL = GAConfig(population=6, parents=3, mutations=2, crossovers=1, generations=2, seed=1)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_cached_table_is_keyed_by_its_parameters_and_written_once(store):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return pd.DataFrame({"x": [0.1, 2 / 3]})
+
+    first = cached_table("t", {"a": 1}, compute, "smoke")
+    again = cached_table("t", {"a": 1}, compute, "smoke")
+    pd.testing.assert_frame_equal(first, again)
+    assert len(calls) == 1
+    cached_table("t", {"a": 2}, compute, "smoke")  # a changed parameter is a new step
+    assert len(calls) == 2
+    names = sorted(p.name for p in (store / "results" / "smoke").iterdir())
+    assert len(names) == 4 and not [n for n in names if n.startswith(".")]  # CSV + JSON each, no temporaries
+    params = json.loads((store / "results" / "smoke" / f"t-{results.cache_key(a=1)}.json").read_text())
+    assert params == {"a": 1}
+
+
+def test_a_cache_miss_in_a_cached_only_run_fails_fast_naming_the_step(store, monkeypatch):
+    cached_table("t", {"a": 1}, lambda: pd.DataFrame({"x": [1]}), "smoke")
+    monkeypatch.setenv(CACHED_ONLY, "1")
+    assert cached_table("t", {"a": 1}, lambda: pytest.fail("recomputed a stored table"), "smoke").x.tolist() == [1]
+    with pytest.raises(CacheMiss, match=r"step 'probe_masking_ppl' is not in the result store .*probe_masking_ppl-"):
+        cached_table("probe_masking_ppl", {"a": 1}, lambda: pytest.fail("computed under LPES_CACHED_ONLY"), "smoke")
+    assert not list((store / "results" / "smoke").glob("probe_masking_ppl*"))  # nothing half-written
+
+
+def test_a_finished_search_is_read_back_and_a_changed_parameter_is_a_new_search(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    samples, space = TASK.samples(), BezierSpace(4)
+    with monkeypatch.context() as m:
+        m.setenv(CACHED_ONLY, "1")
+        with pytest.raises(CacheMiss, match="step 'GA search ga' is not in the result store"):
+            run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
+    first = run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
+    checkpoints = list(tmp_path.glob("ga-*.ckpt.json"))
+    assert len(checkpoints) == 1
+
+    from lpes_nb import evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate_samples", lambda *a, **k: pytest.fail("a finished search scored again"))
+    monkeypatch.setenv(CACHED_ONLY, "1")
+    again = run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
+    pd.testing.assert_frame_equal(again.history, first.history)
+    with pytest.raises(CacheMiss, match="GA search ga"):  # one more generation: another key, so a miss
+        run_search(tiny_llama, tokenizer, samples, space, dataclasses.replace(SMALL, generations=3), tmp_path, "ga",
+                   model_name="tiny-llama", progress=False)
+
+
+def test_router_training_is_a_stored_step(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    samples = TASK.samples()
+    monkeypatch.setenv(CACHED_ONLY, "1")
+    with pytest.raises(CacheMiss, match="MoICE router training"):
+        load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    monkeypatch.delenv(CACHED_ONLY)
+    load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.safetensors"]
+    monkeypatch.setenv(CACHED_ONLY, "1")
+    load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+
+
+def test_figures_and_json_are_byte_identical_when_redrawn(store):
+    plots.use_style()
+
+    def draw():
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], [0.2, 0.5, 0.4], marker="o", label="a")
+        ax.set_title("same figure"); ax.legend()
+        paths = plots.save(fig, "determinism", "smoke")
+        plt.close(fig)
+        return [p.read_bytes() for p in paths]
+
+    assert draw() == draw()
+    payload = {"b": [1.5, 2.0], "a": {"z": 1, "y": 0.1}}
+    first = results.write_json(store / "p.json", payload).read_bytes()
+    assert results.write_json(store / "p.json", dict(reversed(payload.items()))).read_bytes() == first
+
