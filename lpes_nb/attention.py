@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .evaluate import rope_context
-from .rope import RopeSpec, UnsupportedModel, find_rope_stack, scale_specs
+from .rope import RopeSpec, UnsupportedModel, find_rope_stack, rope_context, scale_specs
 
 
 class AttentionStats:

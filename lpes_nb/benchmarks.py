@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -12,34 +12,48 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples, position_table, rope_context
+from .evaluate import EvalSettings, evaluate_samples
+from .fitness import position_table
 from .methods import (
+    CALIOPE_KINDS,
     LASP,
     AttentionBuckets,
     Baseline,
+    Caliope,
     DynamicNTK,
     Method,
     MsPoE,
-    caliope_all,
     lpes,
     pi,
 )
 from .metrics import perplexity
 from .moice import MoICE
 from .results import cached_table
-from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, single_base
+from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
 from .tasks import TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
 
+# The compared methods, by display name, in the order of the benchmark tables: each entry builds the
+# method from the searched per-layer scales and the trained MoICE (or None). A new method is one entry.
+METHODS: dict[str, Callable[[Sequence[float], MoICE | None], Method]] = {
+    "baseline": lambda scales, moice: Baseline(),
+    "PI": lambda scales, moice: pi(scales),
+    "Dynamic NTK": lambda scales, moice: DynamicNTK(),
+    "Attention Buckets": lambda scales, moice: AttentionBuckets(),
+    "Ms-PoE": lambda scales, moice: MsPoE(),
+    "MoICE": lambda scales, moice: moice or MoICE(),
+    **{f"CALIOPE-{kind.capitalize()}": (lambda scales, moice, kind=kind: Caliope(kind)) for kind in CALIOPE_KINDS},
+    "LASP": lambda scales, moice: LASP("both"),
+    "LPES": lambda scales, moice: lpes(scales),
+}
+
 
 def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dict[str, Method]:
-    """The benchmark's methods by display name; LPES and PI from the searched ``scales``; MoICE with
-    a trained router if given, else its untrained (uniform) mixture."""
-    methods: dict[str, Method] = {"baseline": Baseline(), "PI": pi(scales), "Dynamic NTK": DynamicNTK(),
-                                  "Attention Buckets": AttentionBuckets(), "Ms-PoE": MsPoE(),
-                                  "MoICE" if moice is not None and moice.router is not None else "MoICE (untrained)": moice or MoICE()}
-    methods.update({m.name: m for m in caliope_all()})
-    methods.update({"LASP": LASP("both"), "LPES": lpes(scales)})
+    """Every registered method; LPES and PI from the searched ``scales``; MoICE with a trained router
+    if given, else its untrained (uniform) mixture, then named so."""
+    methods = {name: make(scales, moice) for name, make in METHODS.items()}
+    if methods["MoICE"].router is None:
+        methods = {("MoICE (untrained)" if k == "MoICE" else k): m for k, m in methods.items()}
     return methods
 
 

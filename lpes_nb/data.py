@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MDQA_FILE = "mdqa/nq-open-20_total_documents_gold_at_0.jsonl.gz"
-ORACLE_FILE = "mdqa/nq-open-oracle.jsonl.gz"
 KV_FILE = "kv/kv-retrieval-75_keys.jsonl.gz"
 TEXT_FILE = "text/kjv.txt.gz"
 

@@ -3,7 +3,7 @@
 A worker builds its fitness once, from a small picklable description (:class:`FitnessSpec`: model
 name, task, settings), so it loads the model exactly once; afterwards only scale vectors go to the
 workers and fitness numbers come back. Both classes are fitness callables with the same
-``fingerprint()`` as the in-process :class:`~lpes_nb.evaluate.PositionFitness` they run, so the GA,
+``fingerprint()`` as the in-process :class:`~lpes_nb.fitness.PositionFitness` they run, so the GA,
 its on-disk fitness cache and checkpoint/resume work unchanged, with identical results.
 """
 
@@ -18,7 +18,9 @@ from multiprocessing import get_context
 import numpy as np
 from tqdm.auto import tqdm
 
-from .evaluate import LAMBDAS, EvalSettings, PositionFitness, ResultCache
+from .evaluate import EvalSettings
+from .fitness import LAMBDAS, PositionFitness
+from .results import ResultCache
 from .tasks import TaskConfig
 
 _loads = 0  # models loaded by FitnessSpec.build in this process (a worker reports it)

@@ -4,12 +4,12 @@ A method gives, for each batch, a context in which the model behaves as the meth
 :class:`~lpes_nb.rope.RopePatch` with per-layer specs, built from the batch's input length (Dynamic
 NTK) or its document membership (CALIOPE). Pass one to ``evaluate_samples(..., method=m)``.
 
-Methods that combine several passes (Attention Buckets) also provide ``forward`` (scoring) and
-``generate`` (greedy decoding), which the evaluator uses instead of the model's own.
+:class:`Method` declares the protocol the evaluator uses; methods that combine several passes
+(Attention Buckets) override its ``forward`` (scoring) and ``generate`` (greedy decoding).
 
 Here: baseline, PI, Dynamic NTK, LPES, the three CALIOPE calibrators, Attention Buckets, Ms-PoE,
 LASP. MoICE (a trained router) is in :mod:`lpes_nb.moice`, the gradient-based scale search in
-:mod:`lpes_nb.search`; :func:`lpes_nb.benchmarks.compared_methods` lists them all.
+:mod:`lpes_nb.search`; :data:`lpes_nb.benchmarks.METHODS` registers them all.
 """
 
 from __future__ import annotations
@@ -27,13 +27,24 @@ from .rope import (
     dynamic_ntk_base,
     find_rope_stack,
     positive_real,
+    rescaled_bases,
     scale_specs,
     single_base,
 )
 
 
 class Method:
-    """Base class: override :meth:`specs` (and set ``needs_segments`` to receive document membership)."""
+    """The protocol every compared method implements; the evaluator calls exactly these members.
+
+    * ``name``: display name; ``needs_segments``: receive each token's document membership.
+    * ``specs(model, length, segments)``: per-layer RoPE specs for a batch (``None``: unpatched).
+    * ``context(model, length, segments)``: what is entered around each batch; by default a
+      :class:`~lpes_nb.rope.RopePatch` with :meth:`specs`.
+    * ``forward(model, ids, mask, positions, keep)`` -> logits: one scoring pass.
+    * ``generate(model, ids, mask, max_new_tokens, **options)`` -> new token ids: greedy decoding
+      (``options``: the evaluator's ``model.generate`` arguments: padding id, stop strings).
+
+    Methods that combine passes (Attention Buckets) override ``forward`` and ``generate``."""
 
     name = "method"
     needs_segments = False
@@ -41,7 +52,7 @@ class Method:
     def specs(self, model, length: int, segments: list[list[int]] | None) -> list[RopeSpec | None] | None:
         return None
 
-    def context(self, model, segments: list[list[int]] | None, length: int):
+    def context(self, model, length: int, segments: list[list[int]] | None):
         specs = self.specs(model, length, segments)
         if specs is None:
             return nullcontext()
@@ -50,6 +61,13 @@ class Method:
         if segments is not None:
             stack.enter_context(patch.segments(_segment_tensor(segments)))
         return stack
+
+    def forward(self, model, ids, mask, positions, keep) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+
+    def generate(self, model, ids, mask, max_new_tokens: int, **options) -> torch.Tensor:
+        return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                              top_p=None, top_k=None, temperature=None, **options)[:, ids.shape[1]:]
 
 
 def _segment_tensor(segments: list[list[int]]) -> torch.Tensor:
@@ -61,6 +79,17 @@ def _segment_tensor(segments: list[list[int]]) -> torch.Tensor:
 @dataclass
 class Baseline(Method):
     name = "baseline"
+
+
+@dataclass
+class FixedSpecs(Method):
+    """Given per-layer specs, the same for every batch (``evaluate_samples(specs=...)``)."""
+
+    fixed: Sequence[RopeSpec | None] | dict
+    name = "specs"
+
+    def specs(self, model, length, segments):
+        return self.fixed
 
 
 @dataclass
@@ -81,6 +110,11 @@ class LayerScales(Method):
         return scale_specs(self.scales)
 
 
+def uniform_like(scales: Sequence[float]) -> list[float]:
+    """Positional interpolation with the same average scale as per-layer ``scales`` (LPES's PI baseline)."""
+    return [float(np.mean(scales))] * len(scales)
+
+
 def lpes(scales: Sequence[float]) -> LayerScales:
     return LayerScales(list(scales), "LPES")
 
@@ -91,8 +125,7 @@ def pi(scales_or_scale: Sequence[float] | float, num_layers: int | None = None) 
         if num_layers is None:
             raise ValueError("pi(scale) needs num_layers")
         return LayerScales([float(scales_or_scale)] * num_layers, "PI")
-    scales = list(scales_or_scale)
-    return LayerScales([float(np.mean(scales))] * len(scales), "PI")
+    return LayerScales(uniform_like(scales_or_scale), "PI")
 
 
 @dataclass
@@ -137,6 +170,9 @@ class SegmentOffsets:
         return position_ids.float() + table[segment_ids.clamp(0, len(self.offsets) - 1)]
 
 
+CALIOPE_KINDS = ("moses", "hourglass", "decay")
+
+
 @dataclass
 class Caliope(Method):
     """CALIOPE calibrators: positions shifted by document membership, Φ(t) = t + c(m(t)), in every
@@ -153,7 +189,7 @@ class Caliope(Method):
     needs_segments = True
 
     def __post_init__(self):
-        if self.kind not in ("moses", "hourglass", "decay"):
+        if self.kind not in CALIOPE_KINDS:
             raise ValueError(f"unknown CALIOPE calibrator {self.kind!r}; choose moses, hourglass or decay")
         if min(self.gap, self.delta_min, self.delta_max, self.delta_0, self.lam) < 0:
             raise ValueError("CALIOPE gaps must be >= 0 (else positions would not be monotone)")
@@ -186,7 +222,7 @@ class Caliope(Method):
 
 
 def caliope_all(**kw) -> list[Caliope]:
-    return [Caliope(kind, **kw) for kind in ("moses", "hourglass", "decay")]
+    return [Caliope(kind, **kw) for kind in CALIOPE_KINDS]
 
 
 @dataclass
@@ -206,10 +242,7 @@ class AttentionBuckets(Method):
                 RopeSpec(base=b)  # a RoPE base: a finite number > 1
 
     def bucket_bases(self, model) -> list[float]:
-        if self.bases is not None:
-            return [float(b) for b in self.bases]
-        theta = single_base(model, "Attention Buckets")
-        return [theta * b / 10000.0 for b in range(10000, 28001, 3000)]
+        return rescaled_bases(model, range(10000, 28001, 3000), self.bases, "Attention Buckets")
 
     def _patches(self, model) -> list[RopePatch]:
         layers = find_rope_stack(model).num_layers
@@ -230,7 +263,7 @@ class AttentionBuckets(Method):
         return self.combine([self._pass(model, p, input_ids=ids, attention_mask=mask, position_ids=positions,
                                         logits_to_keep=keep).logits for p in self._patches(model)])
 
-    def generate(self, model, ids, mask, max_new_tokens):
+    def generate(self, model, ids, mask, max_new_tokens, **options):
         from transformers import DynamicCache
 
         patches = self._patches(model)

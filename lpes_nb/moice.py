@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .methods import Method
 from .results import atomic_write, will_compute, write_json
-from .rope import RopePatch, RopeSpec, find_rope_stack, single_base
+from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
@@ -96,10 +96,7 @@ class MoICE(Method):
     name = "MoICE"
 
     def model_bases(self, model) -> list[float]:
-        if self.bases is not None:
-            return [float(b) for b in self.bases]
-        theta = single_base(model, "MoICE")
-        return [theta * b / 10000.0 for b in REFERENCE_BASES]
+        return rescaled_bases(model, REFERENCE_BASES, self.bases, "MoICE")
 
     def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:
         cfg = model.config
@@ -126,7 +123,7 @@ class MoICE(Method):
                 if hasattr(attn, _STATE):
                     delattr(attn, _STATE)
 
-    def context(self, model, segments, length):
+    def context(self, model, length, segments):
         stack = ExitStack()
         stack.enter_context(RopePatch(model, [RopeSpec(mask=True)] * find_rope_stack(model).num_layers))
         stack.enter_context(self._active(model))
@@ -147,7 +144,7 @@ class RouterTraining:
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
-    from .evaluate import answer_batch, answer_nll, frozen
+    from .training import answer_batch, answer_nll, frozen
 
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
@@ -158,7 +155,7 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
     with frozen(model):
         for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
             batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)
-            with method.context(model, None, 0):
+            with method.context(model, 0, None):
                 loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad)
             optimiser.zero_grad()
             loss.backward()

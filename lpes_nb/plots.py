@@ -6,7 +6,6 @@ with fonts readable in print."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -31,6 +30,7 @@ STYLE = {
     "lines.linewidth": 1.6,
     "lines.markersize": 5,
     "savefig.bbox": "tight",
+    "figure.constrained_layout.use": True,  # colorbars and panel labels never overlap
     "axes.prop_cycle": matplotlib.cycler(color=["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
                                                 "#56B4E9", "#F0E442", "#000000"]),  # colour-blind safe
 }
@@ -40,14 +40,14 @@ def use_style() -> None:
     matplotlib.rcParams.update(STYLE)
 
 
-def save(fig, name: str, profile: str) -> list[Path]:
-    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``; return the paths."""
+def save(fig, name: str, profile: str) -> None:
+    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``. Returns nothing, so that a notebook cell
+    ending in ``plots.save(...)`` shows only the figure (nbval executes without input history, where
+    IPython ignores a trailing semicolon)."""
     directory = output_dir("figures", profile)
-    paths = [directory / f"{name}.png", directory / f"{name}.pdf"]
     # no creation date: a rerun that draws the same figure leaves the committed file unchanged
-    fig.savefig(paths[0], dpi=200)
-    fig.savefig(paths[1], metadata={"CreationDate": None})
-    return paths
+    fig.savefig(directory / f"{name}.png", dpi=200)
+    fig.savefig(directory / f"{name}.pdf", metadata={"CreationDate": None})
 
 
 def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str | None = None, relative: bool = False):
@@ -68,7 +68,7 @@ def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str
     return ax
 
 
-def layer_scales(curves: Mapping[str, Sequence[float]], ax=None, title: str | None = None):
+def scale_curves(curves: Mapping[str, Sequence[float]], ax=None, title: str | None = None):
     """Per-layer scales, one line per label."""
     ax = ax or plt.subplots()[1]
     for label, s in curves.items():
@@ -109,3 +109,48 @@ def convergence(summary: pd.DataFrame, ax=None, title: str | None = None):
     if title:
         ax.set_title(title)
     return ax
+
+
+def method_dots(acc: pd.DataFrame, highlight: Mapping[str, str] | None = None, reference: str = "baseline"):
+    """Accuracy per method as dots with 95 % CI whiskers: one row of panels per task, one panel per
+    gold position, methods on the y axis in the order they first appear; the reference method's
+    accuracy is a dashed line. ``acc``: ``task, method, position, n, mean, ci_low, ci_high``."""
+    highlight = highlight or {}
+    tasks = list(dict.fromkeys(acc.task))
+    methods = list(dict.fromkeys(acc.method))
+    width = max(acc.groupby("task").position.nunique())
+    fig, axes = plt.subplots(len(tasks), width, figsize=(2.6 * width + 1.2, 0.24 * len(methods) * len(tasks) + 1.2),
+                             sharex=True, sharey=True, squeeze=False, layout="constrained")
+    y = {m: i for i, m in enumerate(methods)}
+    for row, task in zip(axes, tasks):
+        t = acc[acc.task == task]
+        for ax, (position, g) in zip(row, t.groupby("position")):
+            colours = [highlight.get(m, "#0072B2") for m in g.method]
+            ax.hlines([y[m] for m in g.method], 100 * g.ci_low, 100 * g.ci_high, colors=colours, lw=1.4)
+            ax.scatter(100 * g["mean"], [y[m] for m in g.method], c=colours, s=18, zorder=3)
+            ref = g[g.method == reference]
+            if len(ref):
+                ax.axvline(100 * ref["mean"].iloc[0], color="black", ls="--", lw=0.8)
+            ax.set_title(f"{task}, gold at item {position + 1} (n = {int(g.n.iloc[0])})", fontsize=9)
+        for ax in row[t.position.nunique():]:
+            ax.set_visible(False)
+    axes[0, 0].set_yticks(range(len(methods)), methods)  # the y axis is shared: set (and invert) it once
+    axes[0, 0].invert_yaxis()
+    for ax in axes[-1]:
+        ax.set_xlabel("accuracy (%), 95 % CI")
+    axes[0, 0].set_xlim(-3, 103)
+    return fig
+
+
+def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
+    """Inference time relative to the baseline: median ratio as a bar, min-max over rounds as a whisker."""
+    order = latency.sort_values("median_ratio")
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(order) + 1.2))
+    ax.barh(order.variant, order.median_ratio, color=["#D55E00" if v == highlight else "#0072B2" for v in order.variant],
+            xerr=np.vstack([order.median_ratio - order.min_ratio, order.max_ratio - order.median_ratio]),
+            error_kw=dict(ecolor="black", lw=1, capsize=2))
+    ax.axvline(1.0, color="black", lw=1, ls="--")
+    ax.set_xlabel("inference time / baseline (bar: median, whisker: min-max over rounds)")
+    ax.set_title(title)
+    ax.grid(axis="y", visible=False)
+    return fig

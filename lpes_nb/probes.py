@@ -13,9 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples, rope_context
+from .evaluate import EvalSettings, evaluate_samples
 from .metrics import perplexity
-from .rope import RopeSpec, find_rope_stack
+from .rope import RopeSpec, find_rope_stack, rope_context
 
 
 def _batches(windows: Sequence[Sequence[int]], batch_size: int) -> list[torch.Tensor]:

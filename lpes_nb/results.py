@@ -54,6 +54,7 @@ def atomic_write(path: Path | str, content: str | bytes) -> Path:
     try:
         with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
             f.write(content)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone who reads the folder
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -126,3 +127,21 @@ def read_scales(path: Path | str, num_layers: int | None = None) -> dict:
     if any(not (np.isfinite(s) and s > 0) for s in scales):
         raise ValueError(f"{path} has non-finite or non-positive scales; every RoPE scale must be a finite number > 0")
     return {**payload, "scales": scales}
+
+
+class ResultCache:
+    """Tables on disk under ``directory``, one CSV per key, written atomically (the GA's per-scales
+    fitness tables)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.csv"
+
+    def get(self, key: str) -> pd.DataFrame | None:
+        path = self.path(key)
+        return pd.read_csv(path) if path.exists() else None
+
+    def put(self, key: str, df: pd.DataFrame) -> None:
+        write_csv(self.path(key), df)

@@ -29,7 +29,7 @@ import math
 import numbers
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -277,6 +277,15 @@ def single_base(model: nn.Module, feature: str) -> float:
     return float(params["rope_theta"])
 
 
+def rescaled_bases(model: nn.Module, reference: Iterable[float], given: Sequence[float] | None, feature: str) -> list[float]:
+    """``given`` bases as floats, else the ``reference`` set (stated for the base 10000 of the original
+    papers) rescaled to the model's own base: b · θ / 10000 (Attention Buckets, MoICE)."""
+    if given is not None:
+        return [float(b) for b in given]
+    theta = single_base(model, feature)
+    return [theta * b / 10000.0 for b in reference]
+
+
 def find_rope_stack(model: nn.Module) -> RopeStack:
     """Locate the decoder stack and its rotary embedding; a clear ValueError for models without RoPE."""
     config = getattr(model, "config", None)
@@ -331,6 +340,11 @@ def scale_specs(scales: Sequence[float]) -> list[RopeSpec]:
     if isinstance(scales, (str, bytes)) or not isinstance(scales, Iterable):
         raise ValueError(f"scales must be a sequence of numbers, one per layer, got {scales!r}")
     return [RopeSpec(scale=s) for s in scales]
+
+
+def rope_context(model, specs: Sequence[RopeSpec | None] | Mapping[int, RopeSpec] | None):
+    """A :class:`RopePatch` with ``specs``, or nothing when ``specs`` is None (the unmodified model)."""
+    return RopePatch(model, specs) if specs is not None else nullcontext()
 
 
 class RopePatch:

@@ -13,22 +13,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import (
-    LAMBDAS,
-    EvalSettings,
-    PositionFitness,
-    ResultCache,
-    answer_batch,
-    answer_nll,
-    evaluate_samples,
-    frozen,
-    position_table,
-)
 from .distributed import FitnessSpec, distributed_fitness
+from .evaluate import EvalSettings, evaluate_samples
+from .fitness import LAMBDAS, PositionFitness, position_table
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
-from .results import cache_key, will_compute
+from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
 from .tasks import TaskConfig
+from .training import answer_batch, answer_nll, frozen
 
 
 def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GAConfig, out_dir: Path, name: str,
@@ -159,11 +151,6 @@ def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, t
     return {"ablation": kind, "setting": str(value), "search_fitness": res.best_fitness, "evaluations": res.evaluations,
             "test_first": acc.iloc[0], "test_middle": acc.iloc[1], "test_last": acc.iloc[2], "test_fitness": test.fitness.iloc[0],
             "smoothness": res.history.loc[res.history.fitness.idxmax(), "smoothness"]}
-
-
-def uniform_like(scales: Sequence[float]) -> list[float]:
-    """Positional interpolation with the same average scale (the PI baseline of LPES)."""
-    return [float(np.mean(scales))] * len(scales)
 
 
 def search_key(**parts) -> str:

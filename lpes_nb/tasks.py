@@ -22,7 +22,8 @@ from .data import (
     positions_for,
     two_fact_sample,
 )
-from .evaluate import EvalSettings, evaluate_samples, position_table
+from .evaluate import EvalSettings, evaluate_samples
+from .fitness import position_table
 
 TASKS = ("kv", "mdqa", "passkey", "two_fact")
 

@@ -41,7 +41,7 @@ def per_generation_rounds(workers: int, population: int = 32, parents: int = 12,
 
 def main() -> None:
     model = load_model(EMBEDDED)
-    from lpes_nb.evaluate import PositionFitness
+    from lpes_nb.fitness import PositionFitness
     from lpes_nb.models import load_tokenizer
 
     torch.set_num_threads(1)  # like one Ray actor with num_cpus=1

@@ -3,7 +3,19 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${LPES_VENV:-$ROOT/.venv}"
-PY="${PYTHON:-python3.11}"
+# Python 3.11 (pyproject pins it): $PYTHON if set, else python3.11, else python3 if it is 3.11
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+    for candidate in python3.11 python3; do
+        if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+            PY="$candidate"; break
+        fi
+    done
+fi
+if [[ -z "$PY" && ! -x "$VENV/bin/python" ]]; then
+    echo "[env] needs Python 3.11: put python3.11 on PATH or set PYTHON=/path/to/python3.11 (e.g. pyenv install 3.11)" >&2
+    exit 1
+fi
 STAMP="$VENV/.lpes-stamp"
 want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ ! -x "$VENV/bin/python" ]]; then

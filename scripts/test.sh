@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in the project's virtual environment (created on first use):
-# unit tests, then every notebook executed under the `smoke` profile and checked with nbval.
+# the published `cpu` notebooks re-executed from the result store and compared in strict nbval mode,
+# then unit tests and every notebook executed under the `smoke` profile.
 source "$(dirname "$0")/env.sh"
 python -m lpes_nb.models --prepare   # converts the embedded model once (cached afterwards)
 # the explorer's browser test drives Debian's chromium; install it where missing and possible
@@ -8,7 +9,22 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)) >/dev/null 2>&1 \
         || echo "[test] could not install chromium: the browser test will be skipped" >&2
 fi
-# smoke outputs go to a fresh folder, so every run recomputes them instead of reading old results
+# 1. The published `cpu` run: nbval re-executes the committed notebooks against the committed result
+#    store and compares every output (strict mode; volatile text via the sanitizers). Cache hits only:
+#    a step that would recompute fails at once, naming itself. Redrawn figures and rewritten tables
+#    must be byte-identical to the committed files.
+snapshot() { find results figures -type f -not -path '*/fitness_cache/*' -print0 | sort -z | xargs -0 sha256sum; }
+before="$(snapshot)"
+LPES_CACHED_ONLY=1 python -m pytest notebooks --nbval --nbval-current-env \
+    --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider -q
+after="$(snapshot)"
+if [[ "$before" != "$after" ]]; then
+    diff <(echo "$before") <(echo "$after") >&2 || true
+    echo "[test] re-executing the published notebooks changed committed results/figures (above)" >&2
+    exit 1
+fi
+# 2. Unit tests, and every notebook under the `smoke` profile (the code paths the store cannot cover);
+#    smoke outputs go to a fresh folder, so every run recomputes them instead of reading old results.
 export LPES_OUTPUT_ROOT="$(mktemp -d)"
 python -m lpes_nb.run --profile smoke --out "$LPES_OUTPUT_ROOT/runs"
 exec python -m pytest tests "$LPES_OUTPUT_ROOT/runs" --nbval-lax -p no:cacheprovider "$@"

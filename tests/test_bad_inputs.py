@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb import bezier, data, evaluate, methods, metrics, models, results, rope, tasks
+from lpes_nb import bezier, data, evaluate, fitness, methods, metrics, models, results, rope, tasks
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, PerLayerSpace, TargetCurveFitness
 
 
@@ -123,7 +123,7 @@ CASES = {
     "mode": (lambda f: evaluate.EvalSettings(mode="sample"), r"mode must be 'score' or 'generate', got 'sample'"),
     "on_overflow": (lambda f: evaluate.EvalSettings(on_overflow="truncate"), r"on_overflow must be 'error' or 'skip', got 'truncate'"),
     "chat string": (lambda f: evaluate.EvalSettings(chat="yes"), r"chat must be True or False, got 'yes'"),
-    "fitness positions": (lambda f: evaluate.weighted_fitness(__import__("pandas").DataFrame({"position": [0, 1], "correct": [1, 0]})),
+    "fitness positions": (lambda f: fitness.weighted_fitness(__import__("pandas").DataFrame({"position": [0, 1], "correct": [1, 0]})),
                           r"exactly 3 gold positions .* got \[0, 1\]"),
     "save scales nan": (lambda f: results.save_scales(f["ckpt"] / "s.json", [1.5, float("nan")]), r"finite numbers > 0, one per layer, got \[1.5, nan\]"),
     "save scales zero": (lambda f: results.save_scales(f["ckpt"] / "s.json", [1.5, 0.0]), r"got \[1.5, 0.0\]"),
@@ -163,9 +163,9 @@ def test_float16_names_a_dtype_but_tiny_models_still_load_in_it():
 
 def test_two_models_sharing_a_result_cache_do_not_share_tables(tmp_path, tokenizer):
     samples = tasks.TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4").samples()
-    cache = evaluate.ResultCache(tmp_path)
-    a = evaluate.PositionFitness(models.load_model("tiny-llama", seed=0), tokenizer, samples, cache=cache)
-    b = evaluate.PositionFitness(models.load_model("tiny-llama", seed=1), tokenizer, samples, cache=cache)
+    cache = results.ResultCache(tmp_path)
+    a = fitness.PositionFitness(models.load_model("tiny-llama", seed=0), tokenizer, samples, cache=cache)
+    b = fitness.PositionFitness(models.load_model("tiny-llama", seed=1), tokenizer, samples, cache=cache)
     assert a.fingerprint() != b.fingerprint()
     a(np.ones((1, 4)))
     b(np.ones((1, 4)))
@@ -175,8 +175,8 @@ def test_two_models_sharing_a_result_cache_do_not_share_tables(tmp_path, tokeniz
 def test_ga_resume_refuses_a_checkpoint_of_another_fitness(tmp_path, tokenizer):
     model = models.load_model("tiny-llama")
     kv = tasks.TaskConfig("kv", 4, n=1, key_format="letters6", value_format="digits4")
-    first = evaluate.PositionFitness(model, tokenizer, kv.samples())
-    other = evaluate.PositionFitness(model, tokenizer, tasks.TaskConfig("kv", 4, n=1, seed=3).samples())
+    first = fitness.PositionFitness(model, tokenizer, kv.samples())
+    other = fitness.PositionFitness(model, tokenizer, tasks.TaskConfig("kv", 4, n=1, seed=3).samples())
     cfg, ckpt = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=0), tmp_path / "ga.json"
     GeneticSearch(BezierSpace(4), first, cfg, checkpoint=ckpt, progress=False).run()
     with pytest.raises(ValueError, match="belongs to another search configuration or fitness"):

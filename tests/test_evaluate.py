@@ -1,23 +1,11 @@
-"""The evaluator: single-forward scorer == greedy decoding, batching, overflow, fitness, cache."""
+"""The evaluator: single-forward scorer == greedy decoding, batching, overflow, chat mode."""
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from lpes_nb.data import Sample, generate_kv, kv_sample
-from lpes_nb.evaluate import (
-    EvalSettings,
-    PositionFitness,
-    ResultCache,
-    encode,
-    evaluate_samples,
-    greedy_generate,
-    position_table,
-    score_targets,
-    target_ids,
-    weighted_fitness,
-)
+from lpes_nb.evaluate import EvalSettings, encode, evaluate_samples, greedy_generate, score_targets, target_ids
 from lpes_nb.rope import RopePatch, scale_specs
 
 
@@ -88,8 +76,6 @@ def test_evaluate_table_shape_and_by_position(tiny_llama, tokenizer):
     df = evaluate_samples(tiny_llama, tokenizer, _toy_samples(), progress=False)
     assert list(df.columns[:6]) == ["task", "position", "num_items", "sample", "prompt_tokens", "correct"]
     assert len(df) == 6 and df.attrs["skipped"] == 0
-    table = position_table(df)
-    assert table["position"].tolist() == [0, 1, 2] and table["n"].tolist() == [2, 2, 2]
 
 
 def test_over_long_prompts_error_or_are_counted_never_truncated(tiny_llama, tokenizer):
@@ -102,30 +88,6 @@ def test_over_long_prompts_error_or_are_counted_never_truncated(tiny_llama, toke
     df = evaluate_samples(tiny_llama, tokenizer, samples, settings=EvalSettings(mode="generate", on_overflow="skip",
                           max_new_tokens=2), progress=False)
     assert len(df) == 3 and df.attrs["skipped"] == 1
-
-
-def test_weighted_fitness():
-    df = pd.DataFrame({"position": [0, 0, 5, 5, 9, 9], "correct": [1, 1, 0, 1, 0, 0]})
-    assert weighted_fitness(df) == pytest.approx(0.2 * 1 + 0.3 * 0.5 + 0.5 * 0)
-    assert weighted_fitness(df, (0, 0, 1)) == 0
-    with pytest.raises(ValueError, match="exactly 3 gold positions"):
-        weighted_fitness(df[df.position < 9])
-
-
-def test_position_fitness_caches_on_disk_and_depends_on_scales(tiny_llama, tokenizer, tmp_path, monkeypatch):
-    samples = _toy_samples()
-    fitness = PositionFitness(tiny_llama, tokenizer, samples, cache=ResultCache(tmp_path), model_name="tiny", tie_break=1e-3)
-    scales = np.array([[1.0] * 4, [2.0, 1.5, 1.0, 3.0]])
-    first = fitness(scales)
-    assert first.shape == (2,) and first[0] != first[1]  # the tie-break log-prob sees the scales
-    assert len(list(tmp_path.glob("*.csv"))) == 2
-    import lpes_nb.evaluate as ev
-
-    monkeypatch.setattr(ev, "evaluate_samples", lambda *a, **k: pytest.fail("re-evaluated a cached configuration"))
-    again = PositionFitness(tiny_llama, tokenizer, samples, cache=ResultCache(tmp_path), model_name="tiny", tie_break=1e-3)
-    np.testing.assert_allclose(again(scales), first)
-    with pytest.raises(ValueError, match="exactly 3 gold positions"):
-        PositionFitness(tiny_llama, tokenizer, samples[:4])
 
 
 @pytest.mark.slow

@@ -165,3 +165,21 @@ def test_lasp_schedules_are_flat_to_the_anchor_then_rise():
         LASP(anchor=1.5)
     with pytest.raises(ValueError, match="min_scale <= max_scale, got 2.0 > 1.0"):
         MsPoE(2.0, 1.0)
+
+
+def test_every_registered_method_implements_the_protocol_in_both_judges(tiny_llama, tokenizer):
+    """The evaluator calls only Method's members; every registry entry runs through score and
+    generate mode on document prompts, and is one entry of METHODS."""
+    from lpes_nb.benchmarks import METHODS, compared_methods
+    from lpes_nb.evaluate import EvalSettings
+    from lpes_nb.methods import Method
+
+    methods = compared_methods([1.0, 1.5, 2.0, 1.5])
+    assert len(methods) == len(METHODS) == 11
+    protocol = ("name", "needs_segments", "specs", "context", "forward", "generate")
+    for label, method in methods.items():
+        assert isinstance(method, Method) and all(hasattr(method, m) for m in protocol), label
+        scored = evaluate_samples(tiny_llama, tokenizer, SAMPLES[:1], method=method, progress=False)
+        generated = evaluate_samples(tiny_llama, tokenizer, SAMPLES[:1], method=method, progress=False,
+                                     settings=EvalSettings(mode="generate", max_new_tokens=2))
+        assert np.isfinite(scored.gold_logprob).all() and generated.prediction.map(type).eq(str).all(), label

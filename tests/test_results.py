@@ -66,9 +66,9 @@ def test_a_finished_search_is_read_back_and_a_changed_parameter_is_a_new_search(
     checkpoints = list(tmp_path.glob("ga-*.ckpt.json"))
     assert len(checkpoints) == 1
 
-    from lpes_nb import evaluate
+    from lpes_nb import fitness
 
-    monkeypatch.setattr(evaluate, "evaluate_samples", lambda *a, **k: pytest.fail("a finished search scored again"))
+    monkeypatch.setattr(fitness, "evaluate_samples", lambda *a, **k: pytest.fail("a finished search scored again"))
     monkeypatch.setenv(CACHED_ONLY, "1")
     again = run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
     pd.testing.assert_frame_equal(again.history, first.history)
@@ -96,9 +96,9 @@ def test_figures_and_json_are_byte_identical_when_redrawn(store):
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3], [0.2, 0.5, 0.4], marker="o", label="a")
         ax.set_title("same figure"); ax.legend()
-        paths = plots.save(fig, "determinism", "smoke")
+        plots.save(fig, "determinism", "smoke")
         plt.close(fig)
-        return [p.read_bytes() for p in paths]
+        return [(store / "figures" / "smoke" / f"determinism.{ext}").read_bytes() for ext in ("png", "pdf")]
 
     assert draw() == draw()
     payload = {"b": [1.5, 2.0], "a": {"z": 1, "y": 0.1}}

@@ -50,7 +50,7 @@ def test_moice_decoding_with_the_cache_equals_full_forwards(tiny_llama):
     method.router = method.new_router(tiny_llama, seed=3)
     torch.nn.init.normal_(method.router.gate_2, std=1.0)  # a non-uniform mixture
     prompt = torch.randint(0, 49152, (1, 25), generator=torch.Generator().manual_seed(0))
-    with method.context(tiny_llama, None, 25), torch.no_grad():
+    with method.context(tiny_llama, 25, None), torch.no_grad():
         assert tiny_llama.config._attn_implementation == ATTENTION_NAME
         out = tiny_llama.generate(prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
         seq = prompt

@@ -1,0 +1,85 @@
+"""The λ-weighted position fitness: accuracy by gold position with CIs and ρ, the weighted score of
+begin / middle / end accuracy, and the GA's fitness of per-layer scales on a search set."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .data import Sample
+from .evaluate import EvalSettings, evaluate_samples
+from .metrics import accuracy_table, u_shape_rho
+from .models import model_fingerprint
+from .results import ResultCache, cache_key
+from .rope import scale_specs
+
+LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
+
+
+def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **labels) -> pd.DataFrame:
+    """The summary every study reports for one evaluated setting: accuracy by gold position (n,
+    mean, 95 % CI), ρ(δ, a), the λ-fitness (NaN unless there are exactly 3 positions), mean prompt
+    tokens, and the ``labels`` (method, task, ...) as leading columns."""
+    table = accuracy_table(df, by="position")
+    for i, (name, value) in enumerate(labels.items()):
+        table.insert(i, name, value)
+    table["prompt_tokens"] = df.groupby("position")["prompt_tokens"].mean().to_numpy().round()
+    table["rho"] = u_shape_rho(table["position"], table["mean"]) if len(table) >= 3 else np.nan
+    table["fitness"] = weighted_fitness(df, lambdas) if len(table) == 3 else np.nan
+    return table
+
+
+def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
+    """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last."""
+    acc = df.groupby("position")["correct"].mean().sort_index()
+    if len(acc) != 3:
+        raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")
+    return float(np.dot(lambdas, acc.to_numpy()))
+
+
+class PositionFitness:
+    """The GA's fitness: per-layer scales (B, L) -> λ-weighted accuracy at begin / middle / end.
+
+    ``tie_break`` adds a tiny multiple of the mean gold log-probability so that individuals with the
+    same accuracy are ordered by confidence (0 reproduces the paper's pure accuracy fitness)."""
+
+    def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
+                 lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
+                 tie_break: float = 0.0):
+        if len({s.position for s in samples}) != 3:
+            raise ValueError("PositionFitness needs samples at exactly 3 gold positions (begin, middle, end)")
+        if len(lambdas) != 3 or any(l < 0 for l in lambdas):
+            raise ValueError(f"lambdas must be 3 non-negative weights, got {lambdas!r}")
+        self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
+        self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
+        self._task_key = dict(model=model_name, weights=model_fingerprint(model), settings=asdict(settings),
+                              samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
+
+    def fingerprint(self) -> str:
+        """What this fitness measures (model weights and dtype, samples, settings, weights of the
+        positions): a GA checkpoint resumes only under the same fingerprint."""
+        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break)
+
+    def table(self, scales: Sequence[float]) -> pd.DataFrame:
+        key = cache_key(scales=[round(float(s), 10) for s in scales], **self._task_key)
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            return hit
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, scale_specs(scales), self.settings, progress=False)
+        if self.cache is not None:
+            self.cache.put(key, df)
+        return df
+
+    def __call__(self, scales_batch: np.ndarray) -> np.ndarray:
+        out = []
+        for scales in tqdm(np.atleast_2d(scales_batch), desc="fitness", leave=False):
+            df = self.table(scales)
+            fit = weighted_fitness(df, self.lambdas)
+            if self.tie_break and "gold_logprob" in df:
+                fit += self.tie_break * float(df["gold_logprob"].mean())
+            out.append(fit)
+        return np.array(out)
