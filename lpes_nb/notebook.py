@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from . import plots, tasks
+from . import plots
 from .models import load_model, load_tokenizer
+from .profiles import Profile, profile as named_profile
 
 
-def setup(profile: str, model_name: str | None = None):
+def setup(profile: str, model_name: str | None = None) -> tuple[Profile, str, object, object]:
     """The figure style, the profile's settings, and its model (or ``model_name``) with its tokenizer:
     ``prof, model_name, model, tokenizer = setup(profile, model_name)``."""
     plots.use_style()
-    prof = tasks.profile(profile)
-    model_name = model_name or prof["model"]
+    prof = named_profile(profile)
+    model_name = model_name or prof.model
     return prof, model_name, load_model(model_name), load_tokenizer(model_name)

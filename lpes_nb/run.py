@@ -14,9 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-PROFILES = ("smoke", "cpu", "paper")
-
-
 def discover(notebook_dir: Path) -> list[Path]:
     """The numbered notebooks (``NN_name.ipynb``) in reading order."""
     return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
@@ -46,8 +43,10 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
     """Execute each notebook; raise SystemExit with a clear message at the first failing cell."""
     import papermill
 
+    from .profiles import PROFILES
+
     if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {PROFILES}")
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     timings = []
     for i, nb in enumerate(notebooks, 1):
@@ -104,8 +103,10 @@ def _literal(text: str):
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .profiles import PROFILES
+
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
-    parser.add_argument("--profile", choices=PROFILES, default="cpu")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--only", nargs="+", help="run only these notebooks (number prefixes or names)")
     parser.add_argument("--from", dest="start", help="start at this notebook (number prefix or name)")
     parser.add_argument("--notebooks", type=Path, default=Path("notebooks"))

@@ -3,7 +3,8 @@
 import pytest
 
 from lpes_nb import data
-from lpes_nb.tasks import PROFILES, TaskConfig, profile
+from lpes_nb.profiles import PROFILES, profile
+from lpes_nb.tasks import TaskConfig
 
 needs_shared = pytest.mark.skipif(not (data.data_dir() / data.MDQA_FILE).is_file(), reason="shared data not present")
 
@@ -21,7 +22,7 @@ def test_kv_task_has_every_record_at_every_position():
 @pytest.mark.parametrize("name", ["smoke", "cpu"])
 def test_search_and_test_sets_of_each_profile_are_disjoint(name):
     prof = PROFILES[name]
-    assert not {s.prompt for s in prof["search"].samples()} & {s.prompt for s in prof["test"].samples()}
+    assert not {s.prompt for s in prof.search.samples()} & {s.prompt for s in prof.test.samples()}
 
 
 @needs_shared
@@ -46,3 +47,35 @@ def test_bad_task_settings_are_named():
         TaskConfig("kv", 10, positions=(0, 10))
     with pytest.raises(ValueError, match="unknown profile 'gpu'"):
         profile("gpu")
+
+
+def _import_profiles_with(old: str, new: str):
+    """Import a copy of lpes_nb/profiles.py with one edit, as a module of the package."""
+    import importlib.util
+    import inspect
+    import sys
+
+    from lpes_nb import profiles
+
+    source = inspect.getsource(profiles)
+    assert source.count(old) >= 1, old
+    spec = importlib.util.spec_from_loader("lpes_nb._edited_profiles", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "lpes_nb"
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    try:
+        exec(compile(source.replace(old, new, 1), "profiles.py", "exec"), module.__dict__)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_profiles_are_typed_and_checked_when_the_module_loads():
+    assert set(PROFILES) == {"smoke", "cpu", "paper"} and all(p.name == n for n, p in PROFILES.items())
+    assert _import_profiles_with("recall_n=10", "recall_n=10").PROFILES["cpu"].probes.recall_n == 10
+    with pytest.raises(TypeError, match="recal_n"):  # a misspelt key fails at import
+        _import_profiles_with("recall_n=10", "recal_n=10")
+    with pytest.raises(ValueError, match=r"Probes.window must be a positive int, got 0"):
+        _import_profiles_with("window=512", "window=0")
+    with pytest.raises(ValueError, match=r"Attention.scales must be a non-empty tuple of non-negative floats, got \[1.0\]"):
+        _import_profiles_with("scales=(1.0, 1.25, 1.5, 1.75, 2.0, 3.0)", "scales=[1.0]")
