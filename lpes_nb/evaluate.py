@@ -22,12 +22,8 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .methods import Baseline, FixedSpecs, Method
-from .metrics import (
-    kv_correct,
-    mdqa_correct,
-    passkey_correct,
-)
 from .rope import RopeSpec
+from .tasks import TASKS
 
 # --- tokenisation -------------------------------------------------------------------------------
 
@@ -143,10 +139,6 @@ def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     return texts
 
 
-CORRECT = {"mdqa": mdqa_correct, "passkey": lambda pred, answers: passkey_correct(pred, answers[0]),
-           "kv": lambda pred, answers: kv_correct(pred, answers[0]),
-           "two_fact": lambda pred, answers: kv_correct(pred, answers[0])}
-
 
 # --- evaluation of a task under a RoPE configuration -----------------------------------------------
 
@@ -233,7 +225,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
             row.update(correct=0.0, prediction=None, skipped=True)
         for i, text in zip(keep, texts):
             s = samples[i]
-            rows[i].update(correct=CORRECT[s.task](text, s.answers), prediction=text, skipped=False)
+            rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False)
     df = pd.DataFrame(rows)
     skipped = int(df["skipped"].sum())
     if skipped:

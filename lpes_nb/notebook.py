@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from . import plots
 from .models import load_model, load_tokenizer
-from .profiles import Profile, profile as named_profile
+from .profiles import Profile
+from .profiles import profile as named_profile
 
 
 def setup(profile: str, model_name: str | None = None) -> tuple[Profile, str, object, object]:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+
 def discover(notebook_dir: Path) -> list[Path]:
     """The numbered notebooks (``NN_name.ipynb``) in reading order."""
     return sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))

@@ -1,12 +1,11 @@
-"""Named task settings (per profile) and the calibration study that chose the `cpu` ones."""
+"""The tasks: a registry of task kinds (build samples, judge an answer) and :class:`TaskConfig`, one
+setting of a task at several gold positions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import pandas as pd
-from tqdm.auto import tqdm
 
 from .data import (
     Sample,
@@ -22,10 +21,7 @@ from .data import (
     positions_for,
     two_fact_sample,
 )
-from .evaluate import EvalSettings, evaluate_samples
-from .fitness import position_table
-
-TASKS = ("kv", "mdqa", "passkey", "two_fact")
+from .metrics import kv_correct, mdqa_correct, passkey_correct
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,7 @@ class TaskConfig:
 
     def __post_init__(self):
         if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; choose one of {TASKS}")
+            raise ValueError(f"unknown task {self.task!r}; choose one of {tuple(TASKS)}")
         if self.source not in ("generated", "file"):
             raise ValueError(f"unknown KV source {self.source!r}; choose 'generated' or 'file'")
         if self.source == "file" and self.task != "kv":
@@ -61,34 +57,52 @@ class TaskConfig:
         return list(self.positions) if self.positions else positions_for(self.num_items, 3)
 
     def samples(self, data_dir: str | Path | None = None) -> list[Sample]:
-        positions = self.gold_positions()
-        if self.task == "kv":
-            if self.source == "file":
-                records = load_kv(self.offset + self.n, data_dir)[self.offset :]
-                if any(len(r["ordered_kv_records"]) != self.num_items for r in records):
-                    raise ValueError(f"the original KV file has 75 pairs per record, not num_items={self.num_items}")
-            else:
-                records = generate_kv(self.num_items, self.n, self.seed, self.key_format, self.value_format)
-            return [kv_sample(r, p, i) for p in positions for i, r in enumerate(records)]
-        if self.task == "mdqa":
-            records = load_mdqa(self.offset + self.n, data_dir)[self.offset :]
-            if len(records) < self.n:
-                raise ValueError(f"only {len(records)} MDQA questions after offset {self.offset}, asked for n={self.n}")
-            return [mdqa_sample(r, p, self.num_items, self.offset + i) for p in positions for i, r in enumerate(records)]
-        depths = [p / (self.num_items - 1) for p in positions]
-        if self.task == "passkey":
-            return [replace(passkey_sample(self.num_items, d, self.seed + i, i), position=p)
-                    for p, d in zip(positions, depths) for i in range(self.n)]
-        sentences = book_sentences(long_text(data_dir))
-        return [replace(two_fact_sample(filler_sentences(sentences, self.num_items, self.seed + i), d, self.seed + i, i), position=p)
-                for p, d in zip(positions, depths) for i in range(self.n)]
+        return TASKS[self.task].build(self, self.gold_positions(), data_dir)
 
 
-def calibrate(model, tokenizer, configs: list[TaskConfig], settings: EvalSettings = EvalSettings(),
-              data_dir: str | Path | None = None) -> pd.DataFrame:
-    """Baseline accuracy by gold position (n, mean, 95 % CI) for each task setting, with ρ(δ, a)."""
-    tables = []
-    for cfg in tqdm(configs, desc="calibration settings"):
-        df = evaluate_samples(model, tokenizer, cfg.samples(data_dir), settings=settings, progress=False)
-        tables.append(position_table(df, task=cfg.task, num_items=cfg.num_items, mode=settings.mode))
-    return pd.concat(tables, ignore_index=True)
+def _kv(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    if cfg.source == "file":
+        records = load_kv(cfg.offset + cfg.n, data_dir)[cfg.offset :]
+        if any(len(r["ordered_kv_records"]) != cfg.num_items for r in records):
+            raise ValueError(f"the original KV file has 75 pairs per record, not num_items={cfg.num_items}")
+    else:
+        records = generate_kv(cfg.num_items, cfg.n, cfg.seed, cfg.key_format, cfg.value_format)
+    return [kv_sample(r, p, i) for p in positions for i, r in enumerate(records)]
+
+
+def _mdqa(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    records = load_mdqa(cfg.offset + cfg.n, data_dir)[cfg.offset :]
+    if len(records) < cfg.n:
+        raise ValueError(f"only {len(records)} MDQA questions after offset {cfg.offset}, asked for n={cfg.n}")
+    return [mdqa_sample(r, p, cfg.num_items, cfg.offset + i) for p in positions for i, r in enumerate(records)]
+
+
+def _passkey(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    depths = [p / (cfg.num_items - 1) for p in positions]
+    return [replace(passkey_sample(cfg.num_items, d, cfg.seed + i, i), position=p)
+            for p, d in zip(positions, depths) for i in range(cfg.n)]
+
+
+def _two_fact(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    depths = [p / (cfg.num_items - 1) for p in positions]
+    sentences = book_sentences(long_text(data_dir))
+    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i), position=p)
+            for p, d in zip(positions, depths) for i in range(cfg.n)]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A kind of task: how a :class:`TaskConfig` builds its samples (at the given gold positions) and
+    whether a generated answer is correct (the task's metric)."""
+
+    build: Callable[[TaskConfig, list[int], str | Path | None], list[Sample]]
+    correct: Callable[[str, tuple[str, ...]], float]
+
+
+# A new task is one entry here.
+TASKS: dict[str, Task] = {
+    "kv": Task(_kv, lambda pred, answers: kv_correct(pred, answers[0])),
+    "mdqa": Task(_mdqa, mdqa_correct),
+    "passkey": Task(_passkey, lambda pred, answers: passkey_correct(pred, answers[0])),
+    "two_fact": Task(_two_fact, lambda pred, answers: kv_correct(pred, answers[0])),
+}

@@ -79,3 +79,18 @@ def test_profiles_are_typed_and_checked_when_the_module_loads():
         _import_profiles_with("window=512", "window=0")
     with pytest.raises(ValueError, match=r"Attention.scales must be a non-empty tuple of non-negative floats, got \[1.0\]"):
         _import_profiles_with("scales=(1.0, 1.25, 1.5, 1.75, 2.0, 3.0)", "scales=[1.0]")
+
+
+def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
+    from lpes_nb.data import Sample
+    from lpes_nb.evaluate import EvalSettings, evaluate_samples
+    from lpes_nb.tasks import TASKS, Task
+
+    def build(cfg, positions, data_dir):
+        return [Sample("echo", i, p, cfg.num_items, f"Repeat {i}:", (str(i),)) for p in positions for i in range(cfg.n)]
+
+    monkeypatch.setitem(TASKS, "echo", Task(build, lambda pred, answers: float(pred.strip() == answers[0])))
+    samples = TaskConfig("echo", 5, n=2).samples()
+    assert [s.position for s in samples] == [0, 0, 2, 2, 4, 4]
+    df = evaluate_samples(tiny_llama, tokenizer, samples, settings=EvalSettings(mode="generate", max_new_tokens=2), progress=False)
+    assert len(df) == 6 and df.correct.isin([0.0, 1.0]).all()
