@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .interventions import Interventions
 from .rope import RopeSpec, UnsupportedModel, find_rope_stack, rope_context, scale_specs
 
 
@@ -30,7 +31,7 @@ class AttentionStats:
         self.stack = find_rope_stack(model)
         self.query_rows = list(query_rows)
         self.layers = list(range(self.stack.num_layers)) if layers is None else list(layers)
-        self._handles: list = []
+        self._interventions = Interventions()
         self._rows: list[dict] = []
         attn = self.stack.layers[0].self_attn
         feature = "AttentionStats"
@@ -42,13 +43,11 @@ class AttentionStats:
     def __enter__(self) -> AttentionStats:
         for layer in self.layers:
             attn = self.stack.layers[layer].self_attn
-            self._handles.append(attn.register_forward_pre_hook(self._hook(layer), with_kwargs=True))
+            self._interventions.pre_hook(attn, self._hook(layer), with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._interventions.close()
 
     def _hook(self, layer: int):
         @torch.no_grad()

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .interventions import Interventions
 from .methods import Method
 from .results import atomic_write, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
@@ -108,20 +109,13 @@ class MoICE(Method):
         stack = find_rope_stack(model)
         router = self.router if self.router is not None else self.new_router(model)
         bases = self.model_bases(model)
-        attns = [layer.self_attn for layer in stack.layers]
-        previous = model.config._attn_implementation
         _register()
-        try:
-            for i, attn in enumerate(attns):
+        with Interventions() as interventions:
+            for i, layer in enumerate(stack.layers):
                 tables = [stack.inv_freq(i, RopeSpec(base=b)).float() for b in bases]
-                setattr(attn, _STATE, (router, stack, stack.rotation(i, "MoICE"), tables))
-            model.config._attn_implementation = ATTENTION_NAME
+                interventions.override(layer.self_attn, _STATE, (router, stack, stack.rotation(i, "MoICE"), tables))
+            interventions.override(model.config, "_attn_implementation", ATTENTION_NAME)
             yield
-        finally:
-            model.config._attn_implementation = previous
-            for attn in attns:
-                if hasattr(attn, _STATE):
-                    delattr(attn, _STATE)
 
     def context(self, model, length, segments):
         stack = ExitStack()

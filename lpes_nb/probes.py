@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
+from .interventions import Interventions, Stop
 from .metrics import perplexity
 from .rope import RopeSpec, find_rope_stack, rope_context
 
@@ -39,13 +40,10 @@ class UnpatchedPrefix:
         self.outputs: list[dict[int, object]] = []
         for batch in self.batches:
             captured: dict[int, object] = {}
-            handles = [layer.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__(i, out))
-                       for i, layer in enumerate(self.layers)]
-            try:
+            with Interventions() as interventions:
+                for i, layer in enumerate(self.layers):
+                    interventions.hook(layer, lambda m, a, out, i=i: captured.__setitem__(i, out))
                 model(batch)
-            finally:
-                for h in handles:
-                    h.remove()
             self.outputs.append(captured)
 
     def hidden(self, layer: int, batch: int = 0) -> torch.Tensor:
@@ -53,15 +51,11 @@ class UnpatchedPrefix:
 
     @contextmanager
     def start_at(self, layer: int, batch: int) -> Iterator[None]:
-        skipped = list(self.layers[:layer])
         stored = self.outputs[batch].get(layer - 1)
-        for module in skipped:
-            module.forward = lambda *args, **kwargs: stored
-        try:
+        with Interventions() as interventions:
+            for module in self.layers[:layer]:
+                interventions.override(module, "forward", lambda *args, **kwargs: stored)
             yield
-        finally:
-            for module in skipped:
-                del module.forward  # back to the class's forward
 
 
 @torch.inference_mode()
@@ -116,27 +110,16 @@ def _hidden_states(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-class _Captured(Exception):
-    """Raised by a hook once it has what it needs, so the rest of the forward is not computed."""
-
-
 def _layer_output(model, prefix: UnpatchedPrefix, layer: int, specs) -> torch.Tensor:
     """Output hidden states of one layer under ``specs``: only that layer is computed (the ones before
     it come from ``prefix``, the forward stops after it)."""
     captured = {}
-
-    def grab(module, args, output):
-        captured["out"] = _hidden_states(output)
-        raise _Captured
-
-    handle = find_rope_stack(model).layers[layer].register_forward_hook(grab)
     try:
-        with rope_context(model, specs), prefix.start_at(layer, 0):
+        with Interventions() as interventions, rope_context(model, specs), prefix.start_at(layer, 0):
+            interventions.stop_after(find_rope_stack(model).layers[layer], lambda out: captured.update(out=_hidden_states(out)))
             model(prefix.batches[0])
-    except _Captured:
+    except Stop:
         pass
-    finally:
-        handle.remove()
     return captured["out"]
 
 
@@ -161,11 +144,9 @@ def noise_control_perplexity(model, windows, layers: Sequence[int] | None = None
                 return (output[0] + noise.to(output[0].dtype),) + output[1:]
             return output + noise.to(output.dtype)
 
-        handle = stack.layers[layer].register_forward_hook(add_noise)
-        try:
+        with Interventions() as interventions:
+            interventions.hook(stack.layers[layer], add_noise)
             ppl = window_perplexity(model, windows, prefix=prefix, start=layer)
-        finally:
-            handle.remove()
         rows.append({"layer": layer, "perplexity": ppl, "shift_norm_mean": float(norms.mean())})
     return pd.DataFrame(rows)
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .interventions import Interventions
+
 # A position remap receives integer position ids [B, T] and, when the caller supplied them,
 # per-token segment ids of the same shape; it returns (float or integer) positions [B, T].
 PositionRemap = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -360,7 +362,7 @@ class RopePatch:
         self.model = model
         self.stack = find_rope_stack(model)
         self.specs = normalize_specs(specs, self.stack.num_layers)
-        self._handles: list = []
+        self._interventions = Interventions()
         self._cache: dict = {}
         self._segment_ids: torch.Tensor | None = None
         self._attention_mask: torch.Tensor | None = None  # the decoder's 2-D mask, for head scalers
@@ -369,18 +371,18 @@ class RopePatch:
 
     @property
     def active(self) -> bool:
-        return bool(self._handles)
+        return self._interventions.active
 
     def apply(self) -> RopePatch:
         current = getattr(self.model, self._ATTR, None)
         if current is not None:
             raise RuntimeError("a RoPE patch is already applied to this model; remove it before applying another")
         try:
-            self._handles.append(self.stack.decoder.register_forward_pre_hook(self._start_forward, with_kwargs=True))
+            self._interventions.pre_hook(self.stack.decoder, self._start_forward, with_kwargs=True)
             for layer, spec in enumerate(self.specs):
                 if spec is not None:
                     hook = self._layer_hook(layer, spec)
-                    self._handles.append(self.stack.layers[layer].register_forward_pre_hook(hook, with_kwargs=True))
+                    self._interventions.pre_hook(self.stack.layers[layer], hook, with_kwargs=True)
                     if spec.heads is not None:
                         self._add_head_hooks(layer, spec)
         except BaseException:
@@ -390,9 +392,7 @@ class RopePatch:
         return self
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._interventions.close()
         self._cache.clear()
         self._positions.clear()
         self._head_scales.clear()
@@ -464,9 +464,9 @@ class RopePatch:
         if not callable(spec.heads) and len(spec.heads) != heads_kv:
             raise ValueError(f"layer {layer}: got {len(spec.heads)} head scales, the model has {heads_kv} key/value heads")
         rotation = _HeadwiseRotation.install(self.stack, layer)
-        self._handles.append(rotation)
-        self._handles.append(attn.register_forward_pre_hook(lambda *_: rotation.enter(self, layer, spec)))
-        self._handles.append(attn.register_forward_hook(lambda *_: rotation.leave(), always_call=True))
+        self._interventions.add(rotation.remove)
+        self._interventions.pre_hook(attn, lambda *_: rotation.enter(self, layer, spec))
+        self._interventions.hook(attn, lambda *_: rotation.leave(), always_call=True)
 
     def rotate_heads(self, layer: int, spec: RopeSpec, rotate, q: torch.Tensor, k: torch.Tensor):
         """Rotate q [B, H_q, T, D] and k [B, H_kv, T, D] of a head-wise layer, each key/value head
@@ -554,7 +554,7 @@ class _HeadwiseRotation:
     def leave(self) -> None:
         self.active = None
 
-    def remove(self) -> None:  # called with the patch's hook handles
+    def remove(self) -> None:  # an undo step of the patch's interventions
         self.active = None
         self.users -= 1
         if self.users == 0:
