@@ -1,4 +1,4 @@
-"""Attention statistics from q/k in hooks == the model's own eager attention weights; RSM helpers."""
+"""Attention statistics from q/k in hooks == the model's own eager attention weights."""
 
 import numpy as np
 import pytest
@@ -11,9 +11,6 @@ from lpes_nb.attention import (
     layer_blocks,
     middle_to_last_cosine,
     rope_removal_cosine,
-    rsm,
-    rsm_deviation,
-    scale_variants,
 )
 from lpes_nb.models import load_model
 from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
@@ -48,19 +45,6 @@ def test_attention_profile_sees_the_scale(tiny_llama):
     assert list(plain.columns) == ["layer", "entropy", "middle_mass"] and len(plain) == 4
     assert not np.allclose(plain.entropy, scaled.entropy)
     assert not tiny_llama.model.layers[0].self_attn._forward_pre_hooks  # hooks removed
-
-
-def test_rsm_and_variants():
-    states = np.random.default_rng(0).normal(size=(3, 5, 8))
-    m = rsm(states)
-    assert m.shape == (3, 5, 5) and np.allclose(np.diagonal(m, axis1=1, axis2=2), 1)
-    assert np.allclose(rsm_deviation(m, m), 0) and (rsm_deviation(m, rsm(states[:, ::-1])) > 0).all()
-    s = list(np.linspace(1.1, 1.9, 30))
-    v = scale_variants(s, seed=0)
-    assert v["uniform (mean)"] == [pytest.approx(np.mean(s))] * 30
-    assert sorted(v["shuffled"]) == sorted(s) and v["shuffled"] != s
-    assert np.all(np.abs(np.array(v["noisy Bézier"]) - s) <= 0.1 + 1e-12)
-    assert all(1 <= x <= 2 for x in v["random U(1,2)"]) and scale_variants(s, 0) == v
 
 
 def test_one_forward_per_scale_gives_the_same_numbers_as_separate_probes(tiny_llama):

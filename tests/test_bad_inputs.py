@@ -8,8 +8,25 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb import bezier, data, evaluate, fitness, methods, metrics, models, results, rope, tasks
-from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, PerLayerSpace, TargetCurveFitness
+from lpes_nb import (
+    bezier,
+    data,
+    evaluate,
+    fitness,
+    methods,
+    metrics,
+    models,
+    results,
+    rope,
+    tasks,
+)
+from lpes_nb.ga import (
+    BezierSpace,
+    GAConfig,
+    GeneticSearch,
+    PerLayerSpace,
+    TargetCurveFitness,
+)
 
 
 @pytest.fixture(scope="module")

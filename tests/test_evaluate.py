@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from lpes_nb.data import Sample, generate_kv, kv_sample
-from lpes_nb.evaluate import EvalSettings, encode, evaluate_samples, greedy_generate, score_targets, target_ids
+from lpes_nb.evaluate import (
+    EvalSettings,
+    encode,
+    evaluate_samples,
+    greedy_generate,
+    score_targets,
+    target_ids,
+)
 from lpes_nb.rope import RopePatch, scale_specs
 
 

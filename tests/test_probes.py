@@ -7,12 +7,12 @@ import torch
 
 from lpes_nb.data import Sample
 from lpes_nb.probes import (
+    UnpatchedPrefix,
     coarsening_ks,
     coarsening_perplexity,
     masking_perplexity,
     masking_recall,
     noise_control_perplexity,
-    UnpatchedPrefix,
     window_perplexity,
 )
 from lpes_nb.rope import RopeSpec

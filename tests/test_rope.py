@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-
 from zoo import with_rope_parameters
 
 from lpes_nb.models import model_from_config

@@ -7,7 +7,14 @@ import pytest
 import torch
 from zoo import VOCAB, build, rope_types, tiny_model, with_rope_parameters
 
-from lpes_nb.rope import IDENTITY, RopePatch, RopeSpec, UnsupportedModel, find_rope_stack, scale_specs
+from lpes_nb.rope import (
+    IDENTITY,
+    RopePatch,
+    RopeSpec,
+    UnsupportedModel,
+    find_rope_stack,
+    scale_specs,
+)
 
 # model type -> what is refused on it, and why ("all": the per-layer patch itself)
 REFUSED = {
