@@ -73,8 +73,9 @@ class Rsm(_Checked):
 
 
 @dataclass(frozen=True)
-class Gradient(_Checked):
-    """Notebook 5: the gradient-based scale search."""
+class Training(_Checked):
+    """A training budget: Adam steps, batch size, learning rate (notebook 5's gradient-based scale
+    search, notebook 6's MoICE router)."""
 
     steps: int
     batch_size: int
@@ -86,15 +87,6 @@ class Ablation(_Checked):
     """Notebook 5: the GA budget of each ablation run and its search set's samples per position."""
 
     ga: GAConfig
-    n: int
-
-
-@dataclass(frozen=True)
-class Router(_Checked):
-    """Notebook 6: the MoICE router's training budget and its KV training samples per position."""
-
-    steps: int
-    batch_size: int
     n: int
 
 
@@ -114,12 +106,13 @@ class Extrapolation(_Checked):
 
 @dataclass(frozen=True)
 class Benchmarks(_Checked):
-    """Notebook 6: KV samples per position, the MDQA task (``None``: not compared), MoICE, latency,
-    perplexity extrapolation."""
+    """Notebook 6: KV samples per position, the MDQA task (``None``: not compared), the MoICE router's
+    training (and its KV samples per position), latency, perplexity extrapolation."""
 
     kv_n: int
     mdqa: TaskConfig | None
-    router: Router
+    router: Training
+    router_n: int
     latency: Latency
     extrapolation: Extrapolation
 
@@ -136,7 +129,7 @@ class Profile(_Checked):
     probes: Probes
     ga: GAConfig  # the search's budget (its seed is the notebook's parameter)
     ablation: Ablation
-    gradient: Gradient
+    gradient: Training
     attention: Attention
     rsm: Rsm
     benchmarks: Benchmarks
@@ -150,10 +143,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         probes=Probes(window=64, windows=2, ks=(2, 8, 64), recall_n=2),
         ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=2),
         ablation=Ablation(GAConfig(population=6, parents=2, mutations=3, crossovers=1, generations=1), n=1),
-        gradient=Gradient(steps=2, batch_size=3, lr=0.1),
+        gradient=Training(steps=2, batch_size=3, lr=0.1),
         attention=Attention(lengths=(32, 64, 128), length=64, scales=(1.0, 2.0, 4.0), range_width=2, range_scale=2.0, range_n=2),
         rsm=Rsm(prompts=4, seeds=(0, 1)),
-        benchmarks=Benchmarks(kv_n=3, mdqa=TaskConfig("mdqa", 3, n=2), router=Router(steps=2, batch_size=2, n=2),
+        benchmarks=Benchmarks(kv_n=3, mdqa=TaskConfig("mdqa", 3, n=2), router=Training(steps=2, batch_size=2, lr=3e-3), router_n=2,
                               latency=Latency(n=1, rounds=1, new_tokens=2),
                               extrapolation=Extrapolation(lengths=(1024, 3072), tail=128, windows=1)),
     ),
@@ -168,14 +161,14 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         # a CPU-sized budget (the paper: population 32, 20 generations)
         ga=GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
         ablation=Ablation(GAConfig(population=6, parents=2, mutations=3, crossovers=1, generations=1), n=5),
-        gradient=Gradient(steps=30, batch_size=6, lr=0.1),
+        gradient=Training(steps=30, batch_size=6, lr=0.1),
         attention=Attention(lengths=(256, 512, 1024, 2048), length=1024, scales=(1.0, 1.25, 1.5, 1.75, 2.0, 3.0),
                             range_width=6, range_scale=2.0, range_n=10),
         rsm=Rsm(prompts=20, seeds=(0, 1, 2)),
         # every method on the test KV set (fewer samples than notebook 5: 11 methods, Attention
         # Buckets costs 7 passes). No MDQA (None): at n = 6 the unmodified model answered 0 of 18,
         # and the ~1.4k-token prompts cost ~36 of the run's minutes for 11 methods.
-        benchmarks=Benchmarks(kv_n=30, mdqa=None, router=Router(steps=30, batch_size=4, n=20),
+        benchmarks=Benchmarks(kv_n=30, mdqa=None, router=Training(steps=30, batch_size=4, lr=3e-3), router_n=20,
                               latency=Latency(n=1, rounds=3, new_tokens=8),
                               extrapolation=Extrapolation(lengths=(6144, 10240), tail=512, windows=1)),
     ),
@@ -188,12 +181,12 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         probes=Probes(window=4096, windows=8, ks=(2, 4, 16, 64, 256, 1024, 4096), recall_n=50),
         ga=GAConfig(),  # the paper's budget
         ablation=Ablation(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=10), n=50),
-        gradient=Gradient(steps=200, batch_size=16, lr=0.05),
+        gradient=Training(steps=200, batch_size=16, lr=0.05),
         attention=Attention(lengths=(1024, 2048, 4096, 8192), length=4096, scales=(1.0, 1.25, 1.5, 1.75, 2.0),
                             range_width=4, range_scale=2.0, range_n=100),
         rsm=Rsm(prompts=100, seeds=(0, 1, 2, 3, 4)),
         benchmarks=Benchmarks(kv_n=500, mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)),
-                              router=Router(steps=2000, batch_size=8, n=500), latency=Latency(n=50, rounds=3, new_tokens=16),
+                              router=Training(steps=2000, batch_size=8, lr=3e-3), router_n=500, latency=Latency(n=50, rounds=3, new_tokens=16),
                               extrapolation=Extrapolation(lengths=(4096, 8192, 16384), tail=2048, windows=4)),
     ),
 )}
