@@ -11,8 +11,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -26,6 +24,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .results import atomic_directory
 from .rope import find_rope_stack
 
 EMBEDDED = "smollm2-135m"
@@ -108,14 +107,9 @@ def ensure_embedded(cache: Path | None = None) -> Path:
     model.config.quantization_config = None
     del model.config.quantization_config
     model.hf_quantizer = None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED}-", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,21 @@ def atomic_write(path: Path | str, content: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextmanager
+def atomic_directory(target: Path | str) -> Iterator[Path]:
+    """A fresh directory beside ``target`` to fill; it becomes ``target`` when the block ends without
+    an error and is deleted otherwise (a converted model is complete or absent, never half there)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_json(path: Path | str, payload) -> Path:

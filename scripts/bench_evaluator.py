@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from lpes_nb.evaluate import score_targets, target_ids
 from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.results import write_json
 from lpes_nb.tasks import TaskConfig
 
 
@@ -62,7 +63,7 @@ def main():
     }
     print(json.dumps(result, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"evaluator_speed_{args.dtype}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out / f"evaluator_speed_{args.dtype}.json", result)
 
 
 if __name__ == "__main__":

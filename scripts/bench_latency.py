@@ -8,7 +8,6 @@ Usage: python scripts/bench_latency.py [--n 2] [--rounds 3] [--new-tokens 8] [--
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -16,8 +15,8 @@ import torch
 from lpes_nb.benchmarks import compared_methods, latency, latency_samples
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.moice import load_router
-from lpes_nb.results import BEST_SCALES, read_scales
 from lpes_nb.profiles import profile
+from lpes_nb.results import BEST_SCALES, read_scales, write_csv, write_json
 
 
 def main():
@@ -44,12 +43,12 @@ def main():
     times, table = latency(model, tok, samples, methods, args.rounds, args.new_tokens)
     print(table.round(3).to_string(index=False))
     args.out.mkdir(parents=True, exist_ok=True)
-    times.to_csv(args.out / f"{args.name}.csv", index=False)
+    write_csv(args.out / f"{args.name}.csv", times)
     meta = {"model": "smollm2-135m", "dtype": "float32", "threads": torch.get_num_threads(), "prompts": len(samples),
             "mean_prompt_tokens": round(sum(len(tok(s.prompt).input_ids) for s in samples) / len(samples)),
             "rounds": args.rounds, "max_new_tokens": args.new_tokens,
             "note": "Dynamic NTK is a no-op below the model's 8192 positions, as in transformers"}
-    (args.out / f"{args.name}.json").write_text(json.dumps({**meta, "methods": table.round(4).to_dict(orient="records")}, indent=2) + "\n")
+    write_json(args.out / f"{args.name}.json", {**meta, "methods": table.round(4).to_dict(orient="records")})
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from lpes_nb.distributed import FitnessSpec, RayFitness
 from lpes_nb.evaluate import EvalSettings
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch
 from lpes_nb.models import EMBEDDED, load_model
+from lpes_nb.results import write_json
 from lpes_nb.tasks import TaskConfig
 
 TASK = TaskConfig("kv", 10, n=4, seed=5, key_format="letters6", value_format="digits4")
@@ -67,7 +68,7 @@ def main() -> None:
                                                    for n in (1, 2, 4, 8, 16, 32)},
     }
     path = Path(__file__).resolve().parents[1] / "results" / "ray_scaling.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(path, out)
     print(json.dumps(out, indent=2))
 
 

@@ -5,13 +5,13 @@ Interleaved rounds; writes results/rope_overhead.csv (every timing) and results/
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from lpes_nb.models import load_model
+from lpes_nb.results import write_csv, write_json
 from lpes_nb.rope import RopePatch, scale_specs
 from lpes_nb.timing import interleaved_times, ratio_to_baseline
 
@@ -49,9 +49,9 @@ def main():
         }
         print(length, summary[str(length)], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    pd.concat(all_times).to_csv(args.out / "rope_overhead.csv", index=False)
+    write_csv(args.out / "rope_overhead.csv", pd.concat(all_times))
     meta = {"model": "smollm2-135m", "dtype": "float32", "threads": torch.get_num_threads(), "rounds": args.rounds}
-    (args.out / "rope_overhead.json").write_text(json.dumps({**meta, "by_length": summary}, indent=2) + "\n")
+    write_json(args.out / "rope_overhead.json", {**meta, "by_length": summary})
 
 
 if __name__ == "__main__":
