@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -190,7 +191,9 @@ def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
 def model_fingerprint(model: PreTrainedModel) -> str:
     """A short digest of a model's identity for result keys: its config, dtype and a sample of every
     weight tensor (two models that share a name but not their weights, or their dtype, differ)."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode() + str(model.dtype).encode())
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    config.pop("_name_or_path", None)  # where the weights were loaded from is not what they compute
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode() + str(model.dtype).encode())
     for name, p in model.state_dict().items():
         digest.update(name.encode() + str(tuple(p.shape)).encode())
         digest.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 CACHED_ONLY = "LPES_CACHED_ONLY"
+PUBLISHED_PROFILE = "cpu"  # writes straight to results/ and figures/, which are committed
 BEST_SCALES = "lpes_best_scales.json"  # what notebook 5 found; notebooks 4, 6, 7 and the scripts read it
 
 
@@ -102,7 +103,7 @@ def output_dir(kind: str, profile: str) -> Path:
     if kind not in ("results", "figures"):
         raise ValueError(f"kind must be 'results' or 'figures', got {kind!r}")
     root = Path(os.environ.get("LPES_OUTPUT_ROOT", project_root()))
-    path = root / kind if profile == "cpu" else root / kind / profile
+    path = root / kind if profile == PUBLISHED_PROFILE else root / kind / profile
     path.mkdir(parents=True, exist_ok=True)
     return path
 

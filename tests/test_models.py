@@ -80,3 +80,16 @@ def test_embedded_model_answers_a_simple_question(smollm2):
     with torch.no_grad():
         out = smollm2.generate(ids, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+
+
+def test_the_weight_fingerprint_does_not_depend_on_where_the_model_was_loaded_from(tmp_path):
+    """Result keys contain it: the same weights loaded from another cache folder must hit them."""
+    from lpes_nb.models import load_model, model_fingerprint
+
+    model = load_model("tiny-llama")
+    for folder in ("a", "b"):
+        model.save_pretrained(tmp_path / folder)
+    a, b = (load_model(str(tmp_path / f)) for f in ("a", "b"))
+    assert a.config._name_or_path != b.config._name_or_path
+    assert model_fingerprint(a) == model_fingerprint(b) == model_fingerprint(model)
+    assert model_fingerprint(load_model("tiny-llama", seed=1)) != model_fingerprint(model)
