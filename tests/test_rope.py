@@ -49,16 +49,20 @@ def test_uniform_scale_equals_transformers_linear(tiny, scale):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scale", [2.0])
-def test_uniform_scale_equals_linear_on_smollm2(smollm2, scale):
+@pytest.mark.parametrize("embedded", ["smollm2", "qwen"])
+def test_uniform_scale_equals_linear_and_identity_is_exact_on_the_embedded_models(embedded, request):
+    model = request.getfixturevalue(embedded)
     ids = _ids(batch=1, length=300)
-    linear = with_rope_parameters(smollm2, lambda p: {**p, "rope_type": "linear", "factor": scale})
+    n = model.config.num_hidden_layers
+    plain = _logits(model, ids)
+    with RopePatch(model, [IDENTITY] * n):
+        assert torch.equal(_logits(model, ids), plain)
+    linear = with_rope_parameters(model, lambda p: {**p, "rope_type": "linear", "factor": 2.0})
     expected = _logits(linear, ids)
-    with RopePatch(smollm2, scale_specs([scale] * smollm2.config.num_hidden_layers)):
-        got = _logits(smollm2, ids)
-    assert (got - expected).abs().max().item() <= 1e-5
-    with RopePatch(smollm2, [IDENTITY] * smollm2.config.num_hidden_layers):
-        assert torch.equal(_logits(smollm2, ids), _logits(smollm2, ids))
+    del linear
+    with RopePatch(model, scale_specs([2.0] * n)):
+        got = _logits(model, ids)
+    assert (got - expected).abs().max().item() <= 1e-5 < (plain - expected).abs().max().item()
 
 
 def test_per_layer_base_equals_dynamic_ntk_at_prefill(tiny_llama):
