@@ -59,11 +59,10 @@ def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dic
 
 def method_key(method: Method) -> str:
     """What determines a method's outputs, for result caching (a trained router by its weights)."""
-    router = getattr(method, "router", None)
-    if router is None:
+    if not isinstance(method, MoICE) or method.router is None:
         return repr(method)
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in router.parameters())).hexdigest()[:16]
-    return f"{type(method).__name__}(bases={getattr(method, 'bases', None)}, router={digest})"
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
+    return f"MoICE(bases={method.bases}, router={digest})"
 
 
 def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
