@@ -52,15 +52,18 @@ def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dic
     """Every registered method; LPES and PI from the searched ``scales``; MoICE with a trained router
     if given, else its untrained (uniform) mixture, then named so."""
     methods = {name: make(scales, moice) for name, make in METHODS.items()}
-    if methods["MoICE"].router is None:
+    if not methods["MoICE"].trained:
         methods = {("MoICE (untrained)" if k == "MoICE" else k): m for k, m in methods.items()}
     return methods
 
 
 def method_key(method: Method) -> str:
-    """What determines a method's outputs, for result caching (a trained router by its weights)."""
-    if not isinstance(method, MoICE) or method.router is None:
+    """What determines a method's outputs, for result caching (a trained router by its training recipe,
+    or by its weights when it has none)."""
+    if not isinstance(method, MoICE) or not method.trained:
         return repr(method)
+    if method.recipe is not None:  # a stored router: its results do not need its weights
+        return f"MoICE(bases={method.bases}, router={method.recipe})"
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
     return f"MoICE(bases={method.bases}, router={digest})"
 

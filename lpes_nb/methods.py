@@ -56,11 +56,11 @@ class Method:
         specs = self.specs(model, length, segments)
         if specs is None:
             return nullcontext()
-        stack = ExitStack()
-        patch = stack.enter_context(RopePatch(model, specs))
-        if segments is not None:
-            stack.enter_context(patch.segments(_segment_tensor(segments)))
-        return stack
+        with ExitStack() as stack:  # if entering a part fails, the parts entered before are left again
+            patch = stack.enter_context(RopePatch(model, specs))
+            if segments is not None:
+                stack.enter_context(patch.segments(_segment_tensor(segments)))
+            return stack.pop_all()
 
     def forward(self, model, ids, mask, positions, keep) -> torch.Tensor:
         return model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .interventions import Interventions
 from .methods import Method
-from .results import atomic_write, will_compute, write_json
+from .results import atomic_write, cache_key, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
@@ -90,11 +90,21 @@ def _register() -> None:
 @dataclass
 class MoICE(Method):
     """MoICE with a router (``None``: uniform mixing, the untrained start). ``bases=None`` takes the
-    reference set scaled by the model's own base / 10000."""
+    reference set scaled by the model's own base / 10000.
+
+    A router from :func:`load_or_train` is known by its training ``recipe`` (which keys its results)
+    and may come without weights (git keeps only the JSON): ``train`` rebuilds them the first time
+    the method runs, i.e. only when a result is not in the store."""
 
     router: Router | None = None
     bases: Sequence[float] | None = None
+    recipe: str | None = field(default=None, repr=False, compare=False)
+    train: Callable[[], Router] | None = field(default=None, repr=False, compare=False)
     name = "MoICE"
+
+    @property
+    def trained(self) -> bool:
+        return self.router is not None or self.train is not None
 
     def model_bases(self, model) -> list[float]:
         return rescaled_bases(model, REFERENCE_BASES, self.bases, "MoICE")
@@ -118,10 +128,12 @@ class MoICE(Method):
             yield
 
     def context(self, model, length, segments):
-        stack = ExitStack()
-        stack.enter_context(RopePatch(model, [RopeSpec(mask=True)] * find_rope_stack(model).num_layers))
-        stack.enter_context(self._active(model))
-        return stack
+        if self.router is None and self.train is not None:
+            self.router = self.train()  # before any patch: training runs the model under its own
+        with ExitStack() as stack:  # if entering a part fails, the parts entered before are left again
+            stack.enter_context(RopePatch(model, [RopeSpec(mask=True)] * find_rope_stack(model).num_layers))
+            stack.enter_context(self._active(model))
+            return stack.pop_all()
 
 
 @dataclass
@@ -171,21 +183,32 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
 
 def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path, meta: dict | None = None,
                   progress: bool = True) -> MoICE:
-    """The router saved at ``path`` if it was trained with this budget and ``meta`` (model, task),
-    else train it now and save it (weights + JSON with budget, loss history and wall time)."""
+    """MoICE with the router trained with this budget and ``meta`` (model, task), known by that recipe.
+
+    If ``path``'s JSON records this recipe, its loss history is read back and the weights are loaded
+    when present; without them (they are not committed) they are retrained only when the method first
+    runs. Otherwise the router is trained now and saved (weights + JSON with budget, loss history and
+    wall time)."""
     meta = meta or {}
-    info_path = Path(path).with_suffix(".json")
+    path = Path(path)
+    weights, info_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
     wanted = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, hidden=budget.hidden, seed=budget.seed, **meta)
-    if info_path.exists() and Path(path).with_suffix(".safetensors").exists():
-        info = json.loads(info_path.read_text())
-        if all(info.get(k) == v for k, v in wanted.items()):
-            method = load_router(model, path)
-            budget.history[:] = info["loss"]
-            return method
-    will_compute("MoICE router training", info_path)
-    start = time.perf_counter()
-    method = train_router(model, tokenizer, samples, budget, progress)
-    save_router(method, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
+
+    def train() -> Router:
+        will_compute("MoICE router training", weights)
+        start = time.perf_counter()
+        budget.history.clear()
+        trained = train_router(model, tokenizer, samples, budget, progress)
+        save_router(trained, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
+        return trained.router
+
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    if info and all(info.get(k) == v for k, v in wanted.items()):
+        budget.history[:] = info["loss"]
+        method = load_router(model, path) if weights.exists() else MoICE(bases=info["bases"], train=train)
+    else:
+        method = MoICE(router=train())
+    method.recipe = cache_key(**wanted)
     return method
 
 

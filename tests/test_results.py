@@ -105,3 +105,23 @@ def test_figures_and_json_are_byte_identical_when_redrawn(store):
     first = results.write_json(store / "p.json", payload).read_bytes()
     assert results.write_json(store / "p.json", dict(reversed(payload.items()))).read_bytes() == first
 
+
+
+def test_stored_router_results_need_no_weights_until_one_is_computed(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    """git keeps the router's JSON, not its weights: its results are keyed by the training recipe, and
+    the weights are retrained only when the method actually runs."""
+    from lpes_nb.benchmarks import method_key
+
+    samples = TASK.samples()
+    first = load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    (tmp_path / "r.safetensors").unlink()
+    monkeypatch.setenv(CACHED_ONLY, "1")
+    budget = RouterTraining(steps=1, batch_size=2)
+    again = load_or_train(tiny_llama, tokenizer, samples, budget, tmp_path / "r", progress=False)
+    assert again.router is None and method_key(again) == method_key(first) and len(budget.history) == 1
+    with pytest.raises(CacheMiss, match="MoICE router training"):
+        again.context(tiny_llama, 8, None)
+    monkeypatch.delenv(CACHED_ONLY)
+    with again.context(tiny_llama, 8, None):
+        pass
+    assert again.router is not None and (tmp_path / "r.safetensors").is_file() and method_key(again) == method_key(first)
