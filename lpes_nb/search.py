@@ -44,16 +44,15 @@ def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GACon
     # the checkpoint is the search's entry in the result store: keyed by everything that determines
     # the run, so a changed parameter starts a new search and a finished one is only read back
     search.checkpoint = out_dir / f"{name}-{search.fingerprint()}.ckpt.json"
-    if search.finished():
-        result = search.run()
-    elif backend == "in-process":
+    finished = search.finished()
+    if not finished:
         will_compute(f"GA search {name}", search.checkpoint)
+    if finished or backend == "in-process":
         result = search.run()
     else:
         if task is None or not model_name or [s.prompt for s in task.samples()] != [s.prompt for s in samples]:
             raise ValueError(f"backend {backend!r} needs model_name and the TaskConfig of the samples (task=...), so that "
                              "every worker loads the model and builds the same samples itself")
-        will_compute(f"GA search {name}", search.checkpoint)
         spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
                            str(cache_dir))
         with distributed_fitness(spec, backend, workers, ray_address, num_gpus, progress) as remote:
