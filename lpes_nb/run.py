@@ -75,12 +75,18 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 def clean_for_publish(path: Path) -> None:
     """Drop what only made sense in the live kernel before a notebook is committed: the saved widget
-    state (progress bars), widget views (their text fallback stays) and TqdmWarning noise."""
+    state (progress bars), widget views (their text fallback stays), TqdmWarning noise, and the
+    run's timestamps and paths."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
+    # run-specific timestamps and paths: without them, republishing the same outputs changes nothing
+    for key in ("start_time", "end_time", "duration", "input_path", "output_path"):
+        nb.metadata.get("papermill", {}).pop(key, None)
     for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
         kept = []

@@ -23,7 +23,9 @@ def test_discover_and_select(tmp_path):
 def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
     nb = new_notebook()
     nb.metadata["widgets"] = {"state": {"x": 1}}
+    nb.metadata["papermill"] = {"parameters": {"profile": "cpu"}, "start_time": "t0", "output_path": "/tmp/x.ipynb"}
     cell = new_code_cell("x")
+    cell.metadata.update(papermill={"duration": 0.1}, execution={"iopub.execute_input": "t1"})
     cell.outputs = [
         new_output("stream", name="stderr", text="TqdmWarning: IProgress not found"),
         new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "a"}, "text/plain": "bar"}),
@@ -35,7 +37,8 @@ def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
     nbformat.write(nb, path)
     clean_for_publish(path)
     out = nbformat.read(path, as_version=4)
-    assert "widgets" not in out.metadata
+    assert "widgets" not in out.metadata and out.metadata.papermill == {"parameters": {"profile": "cpu"}}
+    assert "papermill" not in out.cells[0].metadata and "execution" not in out.cells[0].metadata  # no timestamps
     assert [o.get("text") or dict(o["data"]) for o in out.cells[0].outputs] == [{"text/plain": "bar"}, "kept"]
 
 
