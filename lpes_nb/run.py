@@ -87,6 +87,8 @@ def clean_for_publish(path: Path) -> None:
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.id = "injected-parameters"  # papermill draws a random id for it on every run
         if cell.cell_type != "code":
             continue
         kept = []

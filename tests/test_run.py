@@ -33,12 +33,15 @@ def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
         new_output("stream", name="stdout", text="kept"),
     ]
     nb.cells.append(cell)
+    injected = new_code_cell('profile = "cpu"', metadata={"tags": ["injected-parameters"]})
+    nb.cells.append(injected)
     path = tmp_path / "01_x.ipynb"
     nbformat.write(nb, path)
     clean_for_publish(path)
     out = nbformat.read(path, as_version=4)
     assert "widgets" not in out.metadata and out.metadata.papermill == {"parameters": {"profile": "cpu"}}
     assert "papermill" not in out.cells[0].metadata and "execution" not in out.cells[0].metadata  # no timestamps
+    assert out.cells[1].id == "injected-parameters"  # not papermill's random id
     assert [o.get("text") or dict(o["data"]) for o in out.cells[0].outputs] == [{"text/plain": "bar"}, "kept"]
 
 
