@@ -119,9 +119,11 @@ class BezierSpace:
         return round(self.y_range[0] / self.y_step), round(self.y_range[1] / self.y_step)
 
     def first(self) -> np.ndarray:
-        """Eq. 8 on the grid: x_k = round(k (L - 1) / d), y_k = 1.5."""
-        pts = default_control_points(self.num_layers, self.degree, y=1.5)
-        return np.stack([np.rint(pts[:, 0]), np.rint(pts[:, 1] / self.y_step)], axis=1).astype(np.int64)
+        """Eq. 8 on the grid: x_k = round(k (L - 1) / d), y_k = the middle of the y range (the paper's
+        1.5 on its [1, 2]; a narrower range, e.g. [1, 1.3], starts inside itself)."""
+        pts = default_control_points(self.num_layers, self.degree)
+        lo, hi = self._y_grid
+        return np.stack([np.rint(pts[:, 0]), np.full(len(pts), (lo + hi) // 2)], axis=1).astype(np.int64)
 
     def random(self, rng: np.random.Generator) -> np.ndarray:
         """A uniformly random valid genome (for the random-search baseline)."""

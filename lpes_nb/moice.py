@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import footprint
 from .interventions import Interventions
 from .methods import Method
 from .results import atomic_write, cache_key, will_compute, write_json
@@ -198,7 +199,8 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
         will_compute("MoICE router training", weights)
         start = time.perf_counter()
         budget.history.clear()
-        trained = train_router(model, tokenizer, samples, budget, progress)
+        with footprint.study("MoICE router training", steps=budget.steps):
+            trained = train_router(model, tokenizer, samples, budget, progress)
         save_router(trained, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
         return trained.router
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import footprint
+
 CACHED_ONLY = "LPES_CACHED_ONLY"
 PUBLISHED_PROFILE = "cpu"  # writes straight to results/ and figures/, which are committed
 BEST_SCALES = "lpes_best_scales.json"  # what notebook 5 found; notebooks 4, 6, 7 and the scripts read it
@@ -116,7 +118,8 @@ def cached_table(name: str, params: dict, compute: Callable[[], pd.DataFrame], p
     if csv.exists():
         return pd.read_csv(csv)
     will_compute(name, csv)
-    df = compute()
+    with footprint.study(name):
+        df = compute()
     write_csv(csv, df)
     write_json(directory / f"{stem}.json", params)
     return df

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import shutil
 import sys
 import time
@@ -44,6 +45,7 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
     """Execute each notebook; raise SystemExit with a clear message at the first failing cell."""
     import papermill
 
+    from .footprint import NOTEBOOK_ENV
     from .profiles import PROFILES
 
     if profile not in PROFILES:
@@ -54,6 +56,7 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
         target = out_dir / nb.name
         print(f"[run] ({i}/{len(notebooks)}) {nb.name}  profile={profile}", flush=True)
         start = time.perf_counter()
+        os.environ[NOTEBOOK_ENV] = nb.stem  # the kernel inherits it: footprint records name their notebook
         try:
             papermill.execute_notebook(
                 str(nb), str(target), parameters={"profile": profile, **(parameters or {})},

@@ -12,6 +12,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import footprint
+from .bezier import Y_RANGE
 from .data import Sample
 from .distributed import FitnessSpec, distributed_fitness
 from .evaluate import EvalSettings, evaluate_samples
@@ -47,8 +49,11 @@ def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GACon
     finished = search.finished()
     if not finished:
         will_compute(f"GA search {name}", search.checkpoint)
-    if finished or backend == "in-process":
+    if finished:
         result = search.run()
+    elif backend == "in-process":
+        with footprint.study(f"GA search {name}", evaluations_planned=config.population * (config.generations + 1)):
+            result = search.run()
     else:
         if task is None or not model_name or [s.prompt for s in task.samples()] != [s.prompt for s in samples]:
             raise ValueError(f"backend {backend!r} needs model_name and the TaskConfig of the samples (task=...), so that "
@@ -105,12 +110,13 @@ def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30
     return scales, pd.DataFrame(rows)
 
 
-def bezier_space(model, degree: int = 3, curve: str = "bezier") -> BezierSpace:
-    return BezierSpace(model.config.num_hidden_layers, degree=degree, curve=curve)
+def bezier_space(model, degree: int = 3, curve: str = "bezier", y_range: tuple[float, float] = Y_RANGE,
+                 y_step: float = 0.1) -> BezierSpace:
+    return BezierSpace(model.config.num_hidden_layers, degree=degree, curve=curve, y_range=y_range, y_step=y_step)
 
 
-def per_layer_space(model) -> PerLayerSpace:
-    return PerLayerSpace(model.config.num_hidden_layers)
+def per_layer_space(model, y_range: tuple[float, float] = Y_RANGE, y_step: float = 0.1) -> PerLayerSpace:
+    return PerLayerSpace(model.config.num_hidden_layers, y_range=y_range, y_step=y_step)
 
 
 def evaluate_scales(model, tokenizer, samples: Sequence[Sample], scales: Mapping[str, Sequence[float] | None],

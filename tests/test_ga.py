@@ -61,6 +61,14 @@ def test_first_individual_is_the_papers_and_all_1_5():
     assert json.dumps(first.tolist()) in set(gen0["genome"])
 
 
+def test_first_individual_starts_inside_a_narrow_range():
+    space = BezierSpace(L, y_range=(1.0, 1.3), y_step=0.05)
+    assert space.is_valid(space.first()) and np.allclose(space.decode(space.first()), 1.15)
+    cfg = GAConfig(population=6, parents=3, mutations=2, crossovers=1, generations=2, y_step=0.05, my=0.1, seed=1)
+    res = GeneticSearch(space, rmse_fitness, cfg, progress=False).run()
+    assert np.all((res.best_scales >= 1.0 - 1e-9) & (res.best_scales <= 1.3 + 1e-9))
+
+
 def test_mutation_moves_stay_within_mx_my():
     space, cfg, rng = BezierSpace(L), GAConfig(), np.random.default_rng(0)
     g = space.first()

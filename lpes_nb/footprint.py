@@ -1,0 +1,123 @@
+"""What a study costs, measured while it runs: wall time, peak resident memory, the largest tensor
+any operator produced, and the FLOPs of its matrix products and attention.
+
+Off unless ``LPES_FOOTPRINT`` names a JSON-lines file; then every computed study (each
+:func:`lpes_nb.results.cached_table`, GA search and router training) appends one record to it. The
+``paper-dry`` run (``scripts/paper_dry.py``) uses the records for its time/memory table, and
+:mod:`lpes_nb.costs` scales their FLOPs to a 7B model.
+
+* Peak memory: the process's RSS high-water mark (``VmHWM``), reset at the start of each study by
+  writing 5 to ``/proc/self/clear_refs`` (Linux); where that is not allowed, the record says so and
+  holds the process-lifetime peak instead.
+* Largest tensor: the largest output of any aten operator (a :class:`TorchDispatchMode`), so it sees
+  what fused kernels return, not their internal scratch.
+* FLOPs: :class:`torch.utils.flop_counter.FlopCounterMode`, split into the output head (``lm_head``),
+  attention (``scaled_dot_product_attention`` and the batched products of eager attention) and the
+  other matrix products, because each scales differently to another model shape. Backward passes
+  (gradient search, router training) are counted as PyTorch runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ENV = "LPES_FOOTPRINT"
+NOTEBOOK_ENV = "LPES_NOTEBOOK"  # set by lpes_nb.run for each notebook it executes
+_ATTENTION_OPS = ("bmm",)  # eager attention's two products per layer; no other layer uses bmm
+_STATUS = Path("/proc/self/status")
+_inside = False
+
+
+def _ops_mode():
+    """A dispatch mode (built on first use: this module stays importable without torch) that tracks
+    the largest freshly allocated operator output (views and in-place results alias an input and are
+    skipped) and the FLOPs of fused attention, which FlopCounterMode does not count on CPU."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes, self.shape, self.op, self.attention_flops, self.decode_calls = 0, (), "", 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if "scaled_dot_product" in func.name():
+                q, k = args[0], args[1]  # (batch, heads, queries, head_dim), (batch, kv_heads, keys, head_dim)
+                b, h, t, d = q.shape
+                s = k.shape[-2]
+                pairs = t * (t + 1) // 2 if t == s else t * s  # a prefill is causal; a decode step sees every key
+                self.attention_flops += 4 * b * h * d * pairs  # QK^T and the weighted sum of V
+                self.decode_calls += t == 1 < s  # one per layer per decoding step: memory-bound on a GPU
+            outputs = out if isinstance(out, (tuple, list)) else (out,)
+            for t, ret in zip(outputs, func._schema.returns):
+                if isinstance(t, torch.Tensor) and ret.alias_info is None and t.numel() * t.element_size() > self.bytes:
+                    self.bytes, self.shape, self.op = t.numel() * t.element_size(), tuple(t.shape), func.name()
+            return out
+
+    return Ops()
+
+
+def _status_kib(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in KiB; 0 where /proc is unavailable."""
+    try:
+        return int(re.search(rf"{field}:\s+(\d+)", _STATUS.read_text()).group(1))
+    except (OSError, AttributeError):
+        return 0
+
+
+def _reset_hwm() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def split_flops(counts: dict[str, dict], fused_attention: int = 0) -> dict[str, int]:
+    """FlopCounterMode's per-module counts (plus fused attention counted by :func:`_ops_mode`) as head /
+    attention / other matmul FLOPs."""
+    head = sum(v for module, ops in counts.items() if module.endswith("lm_head") for v in ops.values())
+    total = sum(counts.get("Global", {}).values())
+    attention = sum(v for op, v in counts.get("Global", {}).items() if any(a in str(op) for a in _ATTENTION_OPS))
+    return {"flops_head": int(head), "flops_attention": int(attention + fused_attention),
+            "flops_other": int(total - head - attention)}
+
+
+@contextmanager
+def study(name: str, **details):
+    """Record what the block costs as one JSON line in ``$LPES_FOOTPRINT`` (no-op when unset)."""
+    global _inside
+    target = os.environ.get(ENV)
+    if not target or _inside:  # a study inside a study (an ablation's GA runs) belongs to the outer one
+        yield
+        return
+    _inside = True
+    from torch.utils.flop_counter import FlopCounterMode
+
+    reset = _reset_hwm()
+    ops = _ops_mode()
+    flops = FlopCounterMode(display=False)
+    before = _status_kib("VmRSS")
+    start = time.perf_counter()
+    try:
+        with flops, ops:
+            yield
+    finally:
+        _inside = False
+    record = {
+        "notebook": os.environ.get(NOTEBOOK_ENV, ""), "study": name, **details,
+        "seconds": round(time.perf_counter() - start, 2),
+        "rss_before_mib": round(before / 1024, 1), "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
+        "peak_rss_is_per_study": reset,
+        "largest_tensor_mib": round(ops.bytes / 2**20, 2), "largest_tensor_shape": list(ops.shape),
+        "largest_tensor_op": ops.op, **split_flops(flops.get_flop_counts(), ops.attention_flops),
+        "decode_attention_calls": ops.decode_calls,
+    }
+    with open(target, "a") as f:
+        f.write(json.dumps(record) + "\n")
