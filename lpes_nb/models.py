@@ -74,6 +74,11 @@ TINY_MODELS = {
     "tiny-llama": ("llama", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "tiny-qwen2": ("qwen2", dict(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     "tiny-mistral": ("mistral", dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=None)),
+    # the paper-dry profile's model: Vicuna-7B-v1.5-16k's structure (32 layers, multi-head attention,
+    # linear RoPE scaling x4 to 16384 positions, untied head, MLP ratio 11008/4096) at width 64
+    "paper-dry-llama": ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+                                      num_hidden_layers=32, num_key_value_heads=4, intermediate_size=172,
+                                      max_position_embeddings=16384, tie_word_embeddings=False)),
     "tiny-gemma3": (
         "gemma3_text",
         dict(
@@ -180,12 +185,21 @@ def tiny_config(name: str, **overrides):
     return AutoConfig.for_model(model_type, **{**_TINY_COMMON, **fields, **overrides})
 
 
-def model_from_config(config, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """A random-weight causal LM (float32, eval mode) from a config; rejects models without RoPE."""
+def model_from_config(config, seed: int = 0, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A random-weight causal LM (eval mode) from a config; rejects models without RoPE. Built in
+    ``dtype`` rather than cast to it: a cast would also round the float32 RoPE frequency tables."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     find_rope_stack(model)  # raises a ValueError naming the model type if it has no RoPE
-    return model.eval()
+    return _no_cache_outside_generate(model.eval())
+
+
+def _no_cache_outside_generate(model: PreTrainedModel) -> PreTrainedModel:
+    """A plain forward (scoring, perplexity, probes) keeps no KV cache: it is never reused, and at
+    the paper's batch of 16 prompts of ~4.5k tokens a 7B model's cache alone is 38 GB. ``generate``
+    follows its generation config, which keeps the cache."""
+    model.config.use_cache = False
+    return model
 
 
 def _gpu_settings() -> dict:
@@ -195,22 +209,45 @@ def _gpu_settings() -> dict:
     return dict(dtype=torch.bfloat16, attn_implementation="flash_attention_2" if has_flash else "sdpa")
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16). Without it PyTorch emulates
+    bf16 matmuls, measured ~6x slower than float32 here; with it a bf16 forward was ~2x faster."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: no way to know, so no bf16
+            return False
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"auto"``: bfloat16 where the CPU has native bf16, else float32 (on a GPU the loader's bf16).
+    Use ``"auto"`` only where bf16's agreement with float32 has been measured for the task (notebook
+    8 does it for the embedded Qwen); results are keyed by the dtype that was used."""
+    if dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() or cpu_has_native_bf16() else torch.float32
+    if dtype is None or dtype in DTYPES.values():
+        return dtype
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)} (or that torch dtype), got {dtype!r}")
+    return DTYPES[dtype]
+
+
 def load_model(
-    name: str = EMBEDDED, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None, seed: int = 0
+    name: str = EMBEDDED, *, dtype: str | torch.dtype | None = None, attn_implementation: str | None = None, seed: int = 0
 ) -> PreTrainedModel:
     """Load a causal LM by name, in eval mode.
 
-    * ``"smollm2-135m"``: the embedded default, float32 unless ``dtype`` says otherwise;
+    * ``"smollm2-135m"``, ``"qwen2.5-coder-0.5b"``: the embedded models, float32 unless ``dtype`` says
+      otherwise (``"auto"``: see :func:`resolve_dtype`);
     * ``"tiny-llama"``, ``"tiny-qwen2"``, ``"tiny-mistral"``, ``"tiny-gemma3"``: random weights (``seed``);
     * a Hugging Face hub id or local directory: bf16 + flash-attention-2 on a GPU when available.
     """
-    if dtype is not None and dtype not in DTYPES.values():
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)} (or that torch dtype), got {dtype!r}")
-        dtype = DTYPES[dtype]
+    dtype = resolve_dtype(dtype)
     if name in TINY_MODELS:
-        model = model_from_config(tiny_config(name), seed=seed, attn_implementation=attn_implementation or "sdpa")
-        return model.to(dtype) if dtype is not None else model
+        return model_from_config(tiny_config(name), seed=seed, attn_implementation=attn_implementation or "sdpa",
+                                 dtype=dtype or torch.float32)
     if name in EMBEDDED_MODELS:
         settings = dict(dtype=torch.float32, attn_implementation="sdpa")
         source = ensure_embedded(name=name)
@@ -234,7 +271,7 @@ def load_model(
     if torch.cuda.is_available() and name not in EMBEDDED_MODELS:
         model = model.to("cuda")
     find_rope_stack(model)
-    return model.eval()
+    return _no_cache_outside_generate(model.eval())
 
 
 def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
@@ -251,6 +288,8 @@ def model_fingerprint(model: PreTrainedModel) -> str:
     weight tensor (two models that share a name but not their weights, or their dtype, differ)."""
     config = json.loads(model.config.to_json_string(use_diff=False))
     config.pop("_name_or_path", None)  # where the weights were loaded from is not what they compute
+    if "use_cache" in config:  # neither is whether a forward keeps its KV cache; True, as keys were made with it
+        config["use_cache"] = True
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode() + str(model.dtype).encode())
     for name, p in model.state_dict().items():
         digest.update(name.encode() + str(tuple(p.shape)).encode())

@@ -118,3 +118,41 @@ def test_the_weight_fingerprint_does_not_depend_on_where_the_model_was_loaded_fr
     assert a.config._name_or_path != b.config._name_or_path
     assert model_fingerprint(a) == model_fingerprint(b) == model_fingerprint(model)
     assert model_fingerprint(load_model("tiny-llama", seed=1)) != model_fingerprint(model)
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    from lpes_nb.models import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
+    assert not cpu_has_native_bf16("flags\t\t: fpu sse2 avx2 avx512f\n")  # AVX-512 alone emulates bf16
+
+
+def test_auto_dtype_follows_the_cpu(monkeypatch):
+    import lpes_nb.models as models
+
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    assert models.resolve_dtype("auto") == torch.bfloat16
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
+    assert models.resolve_dtype("auto") == torch.float32
+    assert models.resolve_dtype("bfloat16") == torch.bfloat16 and models.resolve_dtype(None) is None
+    with pytest.raises(ValueError, match="'auto' or one of"):
+        models.resolve_dtype("fp8")
+
+
+def test_a_tiny_model_in_bf16_keeps_float32_rope_tables():
+    model = load_model("tiny-qwen2", dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    assert {b.dtype for n, b in model.named_buffers() if "inv_freq" in n} == {torch.float32}
+
+
+def test_a_plain_forward_keeps_no_kv_cache_but_generate_does():
+    model = load_model("tiny-llama")
+    ids = torch.ones(2, 30, dtype=torch.long)
+    assert model(ids).past_key_values is None  # scoring at batch 16 x 4.5k tokens would hold 38 GB on a 7B
+    lengths = []
+    hook = model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: lengths.append(kwargs["hidden_states"].shape[1]), with_kwargs=True)
+    model.generate(ids, max_new_tokens=3, do_sample=False)
+    hook.remove()
+    assert lengths == [30, 1, 1]  # decoding reuses the cache
