@@ -146,12 +146,13 @@ class RouterTraining:
     lr: float = 3e-3
     hidden: int = 16
     seed: int = 0
+    micro_batch: int | None = None  # backward over this many prompts at a time: memory only, not in the recipe
     history: list[float] = field(default_factory=list)
 
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
-    from .training import answer_batch, answer_nll, frozen
+    from .training import answer_batch, backward_answer_nll, frozen
 
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
@@ -162,12 +163,12 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
     with frozen(model):
         for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
             batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)
-            with method.context(model, 0, None):
-                loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad)
             optimiser.zero_grad()
-            loss.backward()
+            with method.context(model, 0, None):
+                loss = backward_answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
+                                           micro_batch=budget.micro_batch)
             optimiser.step()
-            budget.history.append(float(loss.detach()))
+            budget.history.append(loss)
     return method
 
 

@@ -22,7 +22,7 @@ from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
 from .tasks import TaskConfig
-from .training import answer_batch, answer_nll, frozen
+from .training import answer_batch, backward_answer_nll, frozen
 
 
 def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GAConfig, out_dir: Path, name: str,
@@ -80,11 +80,13 @@ class _LearnedScale:
 
 
 def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30, batch_size: int = 6, lr: float = 0.1,
-                    lambdas: Sequence[float] = LAMBDAS, seed: int = 0, progress: bool = True) -> tuple[list[float], pd.DataFrame]:
+                    lambdas: Sequence[float] = LAMBDAS, seed: int = 0, progress: bool = True,
+                    micro_batch: int | None = None) -> tuple[list[float], pd.DataFrame]:
     """The gradient-based baseline: per-layer scales as parameters (s_l = 1 + sigmoid(u_l), starting
     at 1.5 like the GA's first individual), optimised with Adam on the answer loss of the search set,
-    each sample weighted by its position's λ (begin / middle / end). Returns the final scales and the
-    per-step history (loss and scales)."""
+    each sample weighted by its position's λ (begin / middle / end). ``micro_batch``: backward passes
+    over that many prompts at a time, the same gradient in less memory. Returns the final scales and
+    the per-step history (loss and scales)."""
     positions = sorted({s.position for s in samples})
     if len(positions) != 3:
         raise ValueError(f"the gradient search needs samples at exactly 3 gold positions, got {positions}")
@@ -99,12 +101,11 @@ def gradient_search(model, tokenizer, samples: Sequence[Sample], steps: int = 30
     with frozen(model), RopePatch(model, specs):
         for step in tqdm(range(steps), desc="gradient search", disable=not progress):
             batch = rng.choice(len(samples), size=min(batch_size, len(samples)), replace=False)
-            loss = answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
-                              [weight[samples[i].position] for i in batch])
             optimiser.zero_grad()
-            loss.backward()
+            loss = backward_answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
+                                       [weight[samples[i].position] for i in batch], micro_batch)
             optimiser.step()
-            rows.append({"step": step, "loss": float(loss.detach()),
+            rows.append({"step": step, "loss": loss,
                          **{f"s{l}": float(1 + torch.sigmoid(raw[l].detach())) for l in range(layers)}})
     scales = [float(v) for v in (1 + torch.sigmoid(raw.detach()))]
     return scales, pd.DataFrame(rows)
