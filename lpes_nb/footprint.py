@@ -11,10 +11,10 @@ Off unless ``LPES_FOOTPRINT`` names a JSON-lines file; then every computed study
   holds the process-lifetime peak instead.
 * Largest tensor: the largest output of any aten operator (a :class:`TorchDispatchMode`), so it sees
   what fused kernels return, not their internal scratch.
-* FLOPs: :class:`torch.utils.flop_counter.FlopCounterMode`, split into the output head (``lm_head``),
-  attention (``scaled_dot_product_attention`` and the batched products of eager attention) and the
-  other matrix products, because each scales differently to another model shape. Backward passes
-  (gradient search, router training) are counted as PyTorch runs them.
+* FLOPs: of every matrix product, by its output width (so the output head, as wide as the
+  vocabulary, can be told from the decoder's products: each scales differently to another model
+  shape), and of fused attention (``scaled_dot_product_attention``; eager attention's products are
+  matrix products of width T or head size). Backward passes are counted as PyTorch runs them.
 """
 
 from __future__ import annotations
@@ -28,36 +28,49 @@ from pathlib import Path
 
 ENV = "LPES_FOOTPRINT"
 NOTEBOOK_ENV = "LPES_NOTEBOOK"  # set by lpes_nb.run for each notebook it executes
-_ATTENTION_OPS = ("bmm",)  # eager attention's two products per layer; no other layer uses bmm
 _STATUS = Path("/proc/self/status")
 _inside = False
 
 
+_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+
+
 def _ops_mode():
-    """A dispatch mode (built on first use: this module stays importable without torch) that tracks
-    the largest freshly allocated operator output (views and in-place results alias an input and are
-    skipped) and the FLOPs of fused attention, which FlopCounterMode does not count on CPU."""
+    """A dispatch mode (built on first use: this module stays importable without torch) that counts
+    matrix-product FLOPs by the product's output width (the output head is the product as wide as
+    the vocabulary), fused-attention FLOPs and decoding steps, and tracks the largest freshly
+    allocated operator output (views and in-place results alias an input and are skipped). It runs
+    every operator as called: torch's FlopCounterMode decomposes fused attention it has no formula
+    for into plain matmuls and a softmax, materialising the very T x T matrix the fused kernel avoids."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.bytes, self.shape, self.op, self.attention_flops, self.decode_calls = 0, (), "", 0, 0
+            self.bytes, self.shape, self.op = 0, (), ""
+            self.matmul_flops: dict[int, int] = {}
+            self.attention_flops = self.decode_calls = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if "scaled_dot_product" in func.name():
+            name = func.name()
+            if name in _MATMULS or name == "aten::linear":
+                # (..., m, k) @ (..., k, n): 2 m k n per batch element; linear's weight is (n, k)
+                a, b = (args[0], args[1].T) if name == "aten::linear" else (args[-2], args[-1])
+                width = b.shape[-1]
+                self.matmul_flops[width] = self.matmul_flops.get(width, 0) + 2 * a.numel() * width
+            elif "scaled_dot_product" in name:
                 q, k = args[0], args[1]  # (batch, heads, queries, head_dim), (batch, kv_heads, keys, head_dim)
-                b, h, t, d = q.shape
+                bsz, h, t, d = q.shape
                 s = k.shape[-2]
                 pairs = t * (t + 1) // 2 if t == s else t * s  # a prefill is causal; a decode step sees every key
-                self.attention_flops += 4 * b * h * d * pairs  # QK^T and the weighted sum of V
+                self.attention_flops += 4 * bsz * h * d * pairs  # QK^T and the weighted sum of V
                 self.decode_calls += t == 1 < s  # one per layer per decoding step: memory-bound on a GPU
             outputs = out if isinstance(out, (tuple, list)) else (out,)
             for t, ret in zip(outputs, func._schema.returns):
                 if isinstance(t, torch.Tensor) and ret.alias_info is None and t.numel() * t.element_size() > self.bytes:
-                    self.bytes, self.shape, self.op = t.numel() * t.element_size(), tuple(t.shape), func.name()
+                    self.bytes, self.shape, self.op = t.numel() * t.element_size(), tuple(t.shape), name
             return out
 
     return Ops()
@@ -79,16 +92,6 @@ def _reset_hwm() -> bool:
         return False
 
 
-def split_flops(counts: dict[str, dict], fused_attention: int = 0) -> dict[str, int]:
-    """FlopCounterMode's per-module counts (plus fused attention counted by :func:`_ops_mode`) as head /
-    attention / other matmul FLOPs."""
-    head = sum(v for module, ops in counts.items() if module.endswith("lm_head") for v in ops.values())
-    total = sum(counts.get("Global", {}).values())
-    attention = sum(v for op, v in counts.get("Global", {}).items() if any(a in str(op) for a in _ATTENTION_OPS))
-    return {"flops_head": int(head), "flops_attention": int(attention + fused_attention),
-            "flops_other": int(total - head - attention)}
-
-
 @contextmanager
 def study(name: str, **details):
     """Record what the block costs as one JSON line in ``$LPES_FOOTPRINT`` (no-op when unset)."""
@@ -98,15 +101,12 @@ def study(name: str, **details):
         yield
         return
     _inside = True
-    from torch.utils.flop_counter import FlopCounterMode
-
     reset = _reset_hwm()
     ops = _ops_mode()
-    flops = FlopCounterMode(display=False)
     before = _status_kib("VmRSS")
     start = time.perf_counter()
     try:
-        with flops, ops:
+        with ops:
             yield
     finally:
         _inside = False
@@ -116,8 +116,8 @@ def study(name: str, **details):
         "rss_before_mib": round(before / 1024, 1), "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
         "peak_rss_is_per_study": reset,
         "largest_tensor_mib": round(ops.bytes / 2**20, 2), "largest_tensor_shape": list(ops.shape),
-        "largest_tensor_op": ops.op, **split_flops(flops.get_flop_counts(), ops.attention_flops),
-        "decode_attention_calls": ops.decode_calls,
+        "largest_tensor_op": ops.op, "matmul_flops_by_width": {str(w): f for w, f in sorted(ops.matmul_flops.items())},
+        "attention_flops": ops.attention_flops, "decode_attention_calls": ops.decode_calls,
     }
     with open(target, "a") as f:
         f.write(json.dumps(record) + "\n")

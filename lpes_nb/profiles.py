@@ -1,5 +1,6 @@
 """The named configurations of the notebooks: ``smoke`` (tiny random model, CI), ``cpu`` (the
-committed run on the embedded model) and ``paper`` (the papers' settings, for a GPU).
+committed run on the embedded model), ``paper`` (the papers' settings, for a GPU) and ``paper-dry``
+(the paper's shapes on a small random model, to measure what the paper profile costs).
 
 One typed object per study, one :class:`Profile` per name. Every setting is checked when this
 module is imported: a misspelt or missing key is a ``TypeError``, a bad value a ``ValueError``.
@@ -8,7 +9,7 @@ module is imported: a misspelt or missing key is a ``TypeError``, a bad value a 
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .evaluate import EvalSettings
 from .ga import GAConfig
@@ -27,10 +28,12 @@ class _Checked:
                 if isinstance(value, bool) or not isinstance(value, (int, float) if hint is float else int) or value <= 0:
                     raise ValueError(f"{where} must be a positive {hint.__name__}, got {value!r}")
             elif typing.get_origin(hint) is tuple:
-                kind = typing.get_args(hint)[0]
+                kind = typing.get_origin(typing.get_args(hint)[0]) or typing.get_args(hint)[0]
+                numeric = kind in (int, float)
                 if (not isinstance(value, tuple) or not value
-                        or not all(isinstance(v, kind) and not isinstance(v, bool) and v >= 0 for v in value)):
-                    raise ValueError(f"{where} must be a non-empty tuple of non-negative {kind.__name__}s, got {value!r}")
+                        or not all(isinstance(v, kind) and not isinstance(v, bool) and (not numeric or v >= 0) for v in value)):
+                    what = f"non-negative {kind.__name__}s" if numeric else f"{kind.__name__}s"
+                    raise ValueError(f"{where} must be a non-empty tuple of {what}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,19 @@ class Training(_Checked):
     steps: int
     batch_size: int
     lr: float
+    micro_batch: int | None = None  # backward over this many prompts at a time (memory only: the same gradient)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.micro_batch is not None and (isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int)
+                                             or not 1 <= self.micro_batch <= self.batch_size):
+            raise ValueError(f"Training.micro_batch must be None or an integer in [1, batch_size={self.batch_size}], "
+                             f"got {self.micro_batch!r}")
+
+    @property
+    def recipe(self) -> dict:
+        """What determines the result (the key of stored results): not ``micro_batch``."""
+        return dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr)
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,35 @@ class Benchmarks(_Checked):
 
 
 @dataclass(frozen=True)
+class SecondModel(_Checked):
+    """Notebook 8: the search and its comparisons on a second model with headroom at every position.
+
+    ``dtype`` is the one the study runs in (its results are keyed by it); ``agreement_n`` test
+    records per position are also run in float32 to measure that choice. ``ranges``: the GA's y
+    ranges as (low, high, grid step); the per-layer GA uses the first. ``bench_n``: test records per
+    position for the training-free methods of notebook 6."""
+
+    model: str
+    dtype: str
+    settings: EvalSettings
+    calibration: tuple[TaskConfig, ...]
+    search: TaskConfig
+    test: TaskConfig
+    ga: GAConfig
+    ranges: tuple[tuple[float, float, float], ...]
+    agreement_n: int
+    bench_n: int
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtype not in ("float32", "bfloat16", "auto"):
+            raise ValueError(f"SecondModel.dtype must be 'float32', 'bfloat16' or 'auto', got {self.dtype!r}")
+        for low, high, step in self.ranges:
+            if not 0 < low < high or step <= 0:
+                raise ValueError(f"SecondModel.ranges: need 0 < low < high and step > 0, got {(low, high, step)}")
+
+
+@dataclass(frozen=True)
 class Profile(_Checked):
     name: str
     model: str
@@ -133,6 +178,7 @@ class Profile(_Checked):
     attention: Attention
     rsm: Rsm
     benchmarks: Benchmarks
+    second: SecondModel
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -149,6 +195,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         benchmarks=Benchmarks(kv_n=3, mdqa=TaskConfig("mdqa", 3, n=2), router=Training(steps=2, batch_size=2, lr=3e-3), router_n=2,
                               latency=Latency(n=1, rounds=1, new_tokens=2),
                               extrapolation=Extrapolation(lengths=(1024, 3072), tail=128, windows=1)),
+        second=SecondModel(model="tiny-qwen2", dtype="bfloat16", settings=EvalSettings(mode="generate", max_new_tokens=4),
+                           calibration=(TaskConfig("two_fact", 4, n=2, seed=100),), search=TaskConfig("two_fact", 4, n=2, seed=1),
+                           test=TaskConfig("two_fact", 4, n=3, seed=2),
+                           ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1),
+                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=2, bench_n=2),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
@@ -171,9 +222,24 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         benchmarks=Benchmarks(kv_n=30, mdqa=None, router=Training(steps=30, batch_size=4, lr=3e-3), router_n=20,
                               latency=Latency(n=1, rounds=3, new_tokens=8),
                               extrapolation=Extrapolation(lengths=(6144, 10240), tail=512, windows=1)),
+        # Qwen2.5-Coder-0.5B, bf16 (this CPU class has AVX512-BF16; agreement with float32 is
+        # measured in the notebook), greedy decoding judged by the task metric (score mode assumes
+        # the answer's canonical tokens; Qwen often answers a KV value in quotes). It is at the KV
+        # ceiling (100/90/100 % at 100 letter pairs, n = 10) and near the floor on 5-document MDQA;
+        # two-fact questions in 10 filler sentences (~400 tokens) have headroom everywhere.
+        second=SecondModel(model="qwen2.5-coder-0.5b", dtype="bfloat16",
+                           settings=EvalSettings(mode="generate", max_new_tokens=6),
+                           calibration=(TaskConfig("kv", 40, n=10, seed=100), TaskConfig("kv", 100, n=10, seed=100),
+                                        TaskConfig("mdqa", 10, n=10, offset=100), TaskConfig("two_fact", 10, n=20, seed=100),
+                                        TaskConfig("two_fact", 20, n=20, seed=100)),
+                           search=TaskConfig("two_fact", 10, n=4, seed=1), test=TaskConfig("two_fact", 10, n=40, seed=2),
+                           ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=2),
+                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=15),
     ),
     Profile(
-        name="paper", model="lmsys/vicuna-7b-v1.5", settings=EvalSettings(batch_size=16),
+        # Vicuna-7B-v1.5-16k: 75 UUID pairs are ~5.5k tokens, beyond the 4k window of Vicuna-7B-v1.5
+        # (the paper-dry run found it); the extrapolation study therefore starts at its 16k window
+        name="paper", model="lmsys/vicuna-7b-v1.5-16k", settings=EvalSettings(batch_size=16),
         search=TaskConfig("kv", 50, n=100, seed=1, key_format="uuid", value_format="uuid"),
         test=TaskConfig("kv", 75, n=500, source="file", key_format="uuid", value_format="uuid"),
         mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)),
@@ -181,15 +247,49 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         probes=Probes(window=4096, windows=8, ks=(2, 4, 16, 64, 256, 1024, 4096), recall_n=50),
         ga=GAConfig(),  # the paper's budget
         ablation=Ablation(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=10), n=50),
-        gradient=Training(steps=200, batch_size=16, lr=0.05),
+        # backward passes over 16 prompts of 50 UUID pairs (~3.7k tokens) keep ~264 GB of a 7B's
+        # activations, 8 prompts of 75 pairs ~196 GB: one prompt at a time, the same gradient
+        gradient=Training(steps=200, batch_size=16, lr=0.05, micro_batch=1),
         attention=Attention(lengths=(1024, 2048, 4096, 8192), length=4096, scales=(1.0, 1.25, 1.5, 1.75, 2.0),
                             range_width=4, range_scale=2.0, range_n=100),
         rsm=Rsm(prompts=100, seeds=(0, 1, 2, 3, 4)),
         benchmarks=Benchmarks(kv_n=500, mdqa=TaskConfig("mdqa", 20, n=441, positions=(0, 4, 9, 14, 19)),
-                              router=Training(steps=2000, batch_size=8, lr=3e-3), router_n=500, latency=Latency(n=50, rounds=3, new_tokens=16),
-                              extrapolation=Extrapolation(lengths=(4096, 8192, 16384), tail=2048, windows=4)),
+                              router=Training(steps=2000, batch_size=8, lr=3e-3, micro_batch=1), router_n=500, latency=Latency(n=50, rounds=3, new_tokens=16),
+                              extrapolation=Extrapolation(lengths=(16384, 24576, 32768), tail=2048, windows=4)),
+        second=SecondModel(model="Qwen/Qwen2.5-7B-Instruct", dtype="bfloat16", settings=EvalSettings(mode="generate", batch_size=16),
+                           calibration=(TaskConfig("two_fact", 20, n=100, seed=100), TaskConfig("two_fact", 100, n=100, seed=100)),
+                           search=TaskConfig("two_fact", 100, n=50, seed=1), test=TaskConfig("two_fact", 100, n=300, seed=2),
+                           ga=GAConfig(), ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=50, bench_n=100),
     ),
 )}
+
+
+def _paper_dry(paper: Profile) -> Profile:
+    """The ``paper`` profile's task sizes, sequence lengths, batch sizes, positions and studies on a
+    random-weight Llama of Vicuna-7B-16k's depth and structure at width 64 (``paper-dry-llama``): only
+    the samples per study and the GA budget are smaller. ``python -m lpes_nb.costs dry-run`` executes
+    it and records what every study costs; the cost model scales that to the 7B model. Where memory
+    is at stake the sample counts fill a batch of 16 at the longest prompts (KV calibration and test
+    set at 75 pairs: 6 per position; the GA's search set at 50 pairs: 6; MDQA: 4 per position, 20
+    prompts); studies that repeat the same forward many times (masking recall: once per layer) keep 1."""
+    b = paper.benchmarks
+    small_ga = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1)
+    second = paper.second
+    return replace(
+        paper, name="paper-dry", model="paper-dry-llama",
+        search=replace(paper.search, n=6), test=replace(paper.test, n=6), mdqa=replace(paper.mdqa, n=4),
+        calibration=replace(paper.calibration, n=6), probes=replace(paper.probes, windows=1, recall_n=1),
+        ga=small_ga, ablation=Ablation(small_ga, n=1), gradient=replace(paper.gradient, steps=2),
+        attention=replace(paper.attention, range_n=1), rsm=replace(paper.rsm, prompts=4, seeds=(0, 1)),
+        benchmarks=replace(b, kv_n=1, mdqa=replace(b.mdqa, n=1), router=replace(b.router, steps=2), router_n=2,
+                           latency=replace(b.latency, n=1, rounds=1), extrapolation=replace(b.extrapolation, windows=1)),
+        second=replace(second, model="paper-dry-llama", calibration=tuple(replace(c, n=1) for c in second.calibration),
+                       search=replace(second.search, n=1), test=replace(second.test, n=6), ga=small_ga, agreement_n=1,
+                       bench_n=1),
+    )
+
+
+PROFILES["paper-dry"] = _paper_dry(PROFILES["paper"])
 
 
 def profile(name: str) -> Profile:

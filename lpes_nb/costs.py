@@ -1,0 +1,291 @@
+"""What the ``paper`` profile costs on one GPU, from a measured dry run.
+
+``python -m lpes_nb.costs dry-run`` executes every notebook under the ``paper-dry`` profile (the
+paper's lengths, batch sizes and studies on ``paper-dry-llama``, fewer samples and a smaller GA)
+with :mod:`lpes_nb.footprint` on, into an output folder of its own (nothing is read from the
+committed result store, so everything is measured), and copies the records to ``results/costs/``.
+``python -m lpes_nb.costs table`` turns the committed records into the cost table of the README.
+
+The model, per study:
+
+* **work**: the dry run's FLOPs, split as the footprint records them, each part scaled to the 7B
+  shape (the decoder's matrix products by its matmul parameters, the output head by vocabulary x
+  width, attention by layers x heads x head size: each is linear in its factor at fixed token
+  counts; eager attention's products, used by the attention probes, are scaled like the decoder's,
+  an overestimate), times the ratio of the study's samples (or GA evaluations, steps) in ``paper`` to
+  ``paper-dry`` (:func:`work_units`). Both profiles tokenise with the embedded SmolLM2 tokenizer;
+  Vicuna's differs by some percent on the same text, which this does not model.
+* **time**: work / sustained throughput, plus, for decoding, one read of the bf16 weights per
+  decoding step at the stated memory bandwidth (decoding a batch is memory-bound).
+* **memory**: the bf16 weights plus the study's activation memory measured in the dry run (peak RSS
+  minus RSS at its start, float32) times the width ratio (4096 / 32 = 128: hidden states, MLP and
+  keys/values grow with it), and for the studies with a backward pass also times the depth ratio.
+  It is an upper bound: it keeps float32's 4 bytes, and it scales vocabulary-wide tensors (logits,
+  which shrink from 49,152 to 32,000 columns) and Python overheads like activations; where it
+  exceeds 80 GB, the README works the study out by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .profiles import Profile, profile
+from .results import project_root, write_csv, write_json
+
+COSTS_DIR = "results/costs"
+FOOTPRINT_FILE = "paper_dry_footprint.jsonl"
+NOTEBOOKS_FILE = "paper_dry_notebooks.json"
+TABLE_FILE = "paper_cost_model.csv"
+MEMORY_FILE = "paper_memory_scaling.csv"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost model needs of a Llama-type decoder."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    head_dim: int
+    vocab: int
+    parameters: float
+
+    @property
+    def matmul_parameters(self) -> float:  # q, k, v, o and the three MLP matrices of every layer
+        return self.layers * (4 * self.hidden * self.hidden + 3 * self.hidden * self.intermediate)
+
+    @classmethod
+    def of(cls, config) -> Shape:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        parameters = (config.num_hidden_layers * (4 * config.hidden_size ** 2 + 3 * config.hidden_size * config.intermediate_size)
+                      + 2 * config.vocab_size * config.hidden_size)
+        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                   head_dim, config.vocab_size, parameters)
+
+
+VICUNA_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, head_dim=128, vocab=32000, parameters=6.74e9)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_gib: float
+    sustained_flops: float  # bf16 matmul throughput reached by a 7B prefill, not the datasheet peak
+    bandwidth: float  # bytes/s
+
+
+# H100 SXM: 989 TFLOP/s dense bf16 peak, 3.35 TB/s HBM3; 40 % of the peak is what a 7B forward over
+# 2-4k-token prompts typically sustains in eager PyTorch with sdpa (no kernel fusion, no CUDA graphs)
+H100 = Gpu("H100 80GB (assumed 40 % of 989 TFLOP/s, 3.35 TB/s)", 80, 0.4 * 989e12, 3.35e12)
+
+
+def work_units(p: Profile) -> dict[str, float]:
+    """Per study, the count its work is proportional to (samples, GA scorings, steps, windows), so
+    that ``units(paper) / units(paper-dry)`` scales a dry-run measurement to the paper."""
+    b = p.benchmarks
+
+    def ga(cfg, n):  # scorings of a whole search: every individual of every generation, n prompts per position
+        return cfg.population * (cfg.generations + 1) * n
+
+    return {
+        "calibration_kv": p.calibration.n, "calibration_mdqa": p.mdqa.n,
+        "probe_masking_ppl": p.probes.windows, "probe_noise_ppl": p.probes.windows,
+        "probe_coarsening_ppl": p.probes.windows, "probe_masking_recall": p.probes.recall_n,
+        "attention_entropy_length": 1, "attention_by_scale": 1, "attention_rope_removal": 1,
+        "attention_layer_ranges": p.attention.range_n, "rsm_deviation": p.rsm.prompts * len(p.rsm.seeds),
+        "GA search": ga(p.ga, p.search.n), "second GA search": ga(p.second.ga, p.second.search.n),
+        "search_test_eval": p.test.n,
+        # the gradient search's steps dominate its test-set evaluation (a single method)
+        "search_gradient": p.gradient.steps * p.gradient.batch_size,
+        "search_ablations": ga(p.ablation.ga, p.ablation.n),
+        "benchmark_kv_samples": b.kv_n, "benchmark_mdqa_samples": b.mdqa.n if b.mdqa else 0,
+        "MoICE router training": b.router.steps * b.router.batch_size,
+        "benchmark_latency": b.latency.n * b.latency.rounds, "benchmark_extrapolation": b.extrapolation.windows,
+        "second_dtype_agreement": p.second.agreement_n, "second_calibration": p.second.calibration[0].n,
+        "second_test_samples": p.second.test.n, "second_benchmark_samples": p.second.bench_n,
+    }
+
+
+TRAINING_STUDIES = {"search_gradient", "MoICE router training"}  # they run a backward pass
+
+
+def _units_key(study: str, units: dict[str, float]) -> str:
+    key = "GA search" if study.startswith("GA search") else study
+    if key == "GA search" and "second_" in study:  # notebook 8's searches run on its own search set
+        key = "second GA search"
+    if key not in units:
+        raise KeyError(f"the cost model has no work units for study {study!r}; add it to lpes_nb.costs.work_units")
+    return key
+
+
+def cost_table(records: pd.DataFrame, dry: Shape, big: Shape = VICUNA_7B, gpu: Gpu = H100,
+               paper: str = "paper", dry_profile: str = "paper-dry") -> pd.DataFrame:
+    """One row per study of the dry run: its measurements and the paper's estimated GPU time and
+    peak memory (see the module's docstring for the model)."""
+    paper_units, dry_units = work_units(profile(paper)), work_units(profile(dry_profile))
+    rows = []
+    for r in records.itertuples(index=False):
+        key = _units_key(r.study, dry_units)
+        ratio = paper_units[key] / dry_units[key]
+        by_width = {int(w): f for w, f in r.matmul_flops_by_width.items()}
+        head = by_width.pop(dry.vocab, 0)  # the output head is the only product as wide as the vocabulary
+        flops = ratio * (sum(by_width.values()) * big.matmul_parameters / dry.matmul_parameters
+                         + head * (big.vocab * big.hidden) / (dry.vocab * dry.hidden)
+                         + r.attention_flops * (big.layers * big.heads * big.head_dim) / (dry.layers * dry.heads * dry.head_dim))
+        decode_steps = ratio * r.decode_attention_calls / dry.layers
+        seconds = flops / gpu.sustained_flops + decode_steps * 2 * big.parameters / gpu.bandwidth
+        # activations grow with the width; a backward pass keeps every layer's (x layers)
+        width = big.hidden / dry.hidden * (big.layers / dry.layers if key in TRAINING_STUDIES else 1)
+        activation_mib = max(r.peak_rss_mib - r.rss_before_mib, 0)
+        rows.append({
+            "notebook": r.notebook, "study": r.study, "dry_seconds": r.seconds, "dry_activation_mib": round(activation_mib),
+            "dry_largest_tensor_mib": r.largest_tensor_mib, "dry_largest_tensor": f"{r.largest_tensor_op} {r.largest_tensor_shape}",
+            "work_ratio": round(ratio, 1), "paper_pflop": round(flops / 1e15, 2), "paper_decode_steps": round(decode_steps),
+            "paper_gpu_hours": round(seconds / 3600, 3),
+            "paper_memory_bound_gib": round(2 * big.parameters / 2**30 + width * activation_mib / 1024, 1),
+        })
+    table = pd.DataFrame(rows)
+    table["fits"] = table.paper_memory_bound_gib <= gpu.memory_gib
+    return table
+
+
+# The operations that set the paper profile's memory, at its lengths and batch sizes (the longest
+# prompts: 75 UUID pairs ~5.5k tokens, 50 pairs ~3.7k, MDQA with 20 documents ~3k; the longest
+# extrapolation window 32k), and the studies whose peak each one is.
+MEMORY_OPERATIONS = {
+    "score 16 x 5.5k": "KV calibration, test set, GA fitness, masking recall, benchmarks (score mode)",
+    "generate 16 x 3k, 16 tokens": "MDQA calibration and benchmarks, notebook 8 (generate mode)",
+    "backward 1 x 5.5k": "gradient search and MoICE router (micro-batch 1)",
+    "forward 1 x 32k, 2k logits": "perplexity extrapolation",
+}
+
+
+def _operation(model, name: str) -> None:
+    from .training import frozen
+
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda b, t: torch.randint(0, vocab, (b, t), generator=gen)  # noqa: E731
+    if name.startswith("score"):
+        x = ids(16, 5500)
+        mask = torch.ones_like(x)
+        mask[1:, :100] = 0  # left padding, as in a real batch: the model builds its 4-D mask
+        with torch.no_grad():
+            model(input_ids=x, attention_mask=mask, logits_to_keep=9)
+    elif name.startswith("generate"):
+        with torch.no_grad():
+            model.generate(ids(16, 3000), attention_mask=torch.ones(16, 3000, dtype=torch.long), max_new_tokens=16,
+                           min_new_tokens=16, do_sample=False)
+    elif name.startswith("backward"):
+        with frozen(model):
+            emb = model.get_input_embeddings()(ids(1, 5500)).detach().requires_grad_()
+            model(inputs_embeds=emb, logits_to_keep=9).logits.float().sum().backward()
+    else:
+        with torch.no_grad():
+            model(input_ids=ids(1, 32768), logits_to_keep=2049)
+
+
+def memory_scaling(widths=(32, 64, 128)) -> pd.DataFrame:
+    """Peak resident memory above the loaded model of each :data:`MEMORY_OPERATIONS` entry on
+    ``paper-dry-llama`` at several widths (head size 16, MLP ratio 2.6875, 32 layers, float32), a
+    least-squares line in the width per operation, and its value at the 7B's width 4096."""
+    from .footprint import _reset_hwm, _status_kib
+    from .models import model_from_config, tiny_config
+
+    rows = []
+    for width in widths:
+        config = tiny_config("paper-dry-llama", hidden_size=width, num_attention_heads=width // 16,
+                             num_key_value_heads=width // 16, intermediate_size=round(width * 11008 / 4096))
+        model = model_from_config(config)
+        for name in MEMORY_OPERATIONS:
+            _reset_hwm()
+            before = _status_kib("VmRSS")
+            _operation(model, name)
+            rows.append({"operation": name, "width": width, "activation_mib": round((_status_kib("VmHWM") - before) / 1024, 1)})
+        del model
+    return pd.DataFrame(rows)
+
+
+def memory_fit(measured: pd.DataFrame, big: Shape = VICUNA_7B, gpu: Gpu = H100) -> pd.DataFrame:
+    """Per operation: the fitted line (MiB at width 0, MiB per unit of width), the extrapolated
+    activation memory at the 7B's width (float32, so an upper bound for bf16), plus the bf16 weights."""
+    rows = []
+    for name, g in measured.groupby("operation", sort=False):
+        slope, intercept = np.polyfit(g.width, g.activation_mib, 1)
+        activation_gib = (intercept + slope * big.hidden) / 1024
+        total = 2 * big.parameters / 2**30 + activation_gib
+        rows.append({"operation": name, "studies": MEMORY_OPERATIONS[name], "mib_at_width_0": round(intercept),
+                     "mib_per_width": round(slope, 2), "activations_7b_gib": round(activation_gib, 1),
+                     "peak_7b_gib": round(total, 1), "fits": total <= gpu.memory_gib})
+    return pd.DataFrame(rows)
+
+
+def read_records(directory: Path | None = None) -> pd.DataFrame:
+    directory = directory or project_root() / COSTS_DIR
+    return pd.read_json(directory / FOOTPRINT_FILE, lines=True)
+
+
+def dry_run(out: Path, start: str | None = None) -> None:
+    """Execute the notebooks under ``paper-dry`` with the footprint recorder on, into ``out`` (the
+    executed notebooks, an empty result store of their own, the records); ``start`` resumes at a
+    notebook after a failure (studies already measured are read back, not measured twice). Then
+    copy the records and the per-notebook wall times to ``results/costs/`` and write the table."""
+    from .run import discover, run, select
+
+    root = project_root()
+    out.mkdir(parents=True, exist_ok=True)
+    footprint, timings_file = out / FOOTPRINT_FILE, out / NOTEBOOKS_FILE
+    if start is None:  # a fresh run measures everything: nothing may be read from an earlier one
+        footprint.unlink(missing_ok=True)
+        timings_file.unlink(missing_ok=True)
+        shutil.rmtree(out / "store", ignore_errors=True)
+    os.environ["LPES_FOOTPRINT"] = str(footprint)
+    os.environ["LPES_OUTPUT_ROOT"] = str(out / "store")
+    done = json.loads(timings_file.read_text())["notebooks"] if timings_file.exists() else []
+    for nb in select(discover(root / "notebooks"), start=start):
+        done = [t for t in done if t["notebook"] != nb.name] + run([nb], "paper-dry", out)
+        write_json(timings_file, {"threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "notebooks": done})
+    costs = root / COSTS_DIR
+    costs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(footprint, costs / FOOTPRINT_FILE)
+    shutil.copyfile(timings_file, costs / NOTEBOOKS_FILE)
+
+
+def write_table() -> pd.DataFrame:
+    from .models import load_model
+
+    table = cost_table(read_records(), Shape.of(load_model("paper-dry-llama").config))
+    write_csv(project_root() / COSTS_DIR / TABLE_FILE, table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.costs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["dry-run", "memory", "table"])
+    parser.add_argument("--out", type=Path, default=Path("runs/paper-dry"), help="executed notebooks and store (dry-run)")
+    parser.add_argument("--from", dest="start", help="dry-run: resume at this notebook")
+    args = parser.parse_args(argv)
+    if args.command == "dry-run":
+        dry_run(args.out, args.start)
+    if args.command == "memory":
+        measured = memory_scaling()
+        write_csv(project_root() / COSTS_DIR / MEMORY_FILE, measured)
+        print(memory_fit(measured).to_string(index=False))
+        return
+    table = write_table()
+    print(table.to_string(index=False))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The paper-dry profile, the footprint recorder and the cost model built on them."""
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lpes_nb import footprint
+from lpes_nb.costs import VICUNA_7B, Gpu, Shape, cost_table, work_units
+from lpes_nb.models import tiny_config
+from lpes_nb.profiles import PROFILES
+from lpes_nb.results import cached_table
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_paper_dry_keeps_the_papers_lengths_batches_and_positions():
+    paper, dry = PROFILES["paper"], PROFILES["paper-dry"]
+    assert dry.settings == paper.settings
+    for name in ("search", "test", "mdqa"):
+        a, b = getattr(paper, name), getattr(dry, name)
+        assert dataclasses.replace(b, n=a.n) == a, name  # only the sample count differs
+    assert dry.probes.window == paper.probes.window and dry.probes.ks == paper.probes.ks
+    assert dataclasses.replace(dry.attention, range_n=paper.attention.range_n) == paper.attention
+    assert dry.gradient.batch_size == paper.gradient.batch_size and dry.calibration.kv_sizes == paper.calibration.kv_sizes
+    b, p = dry.benchmarks, paper.benchmarks
+    assert b.extrapolation.lengths == p.extrapolation.lengths and b.extrapolation.tail == p.extrapolation.tail
+    assert b.router.batch_size == p.router.batch_size and b.latency.new_tokens == p.latency.new_tokens
+    assert dataclasses.replace(b.mdqa, n=p.mdqa.n) == p.mdqa
+    # and the model keeps Vicuna-7B-16k's depth, trained window and RoPE scaling
+    config = tiny_config(dry.model)
+    assert config.num_hidden_layers == VICUNA_7B.layers and config.max_position_embeddings == 16384
+    assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["factor"] == 4.0
+
+
+def test_footprint_is_off_without_its_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(footprint.ENV, raising=False)
+    with footprint.study("nothing"):
+        torch.ones(10)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_footprint_records_largest_tensor_and_attention_flops(tmp_path, monkeypatch):
+    target = tmp_path / "fp.jsonl"
+    monkeypatch.setenv(footprint.ENV, str(target))
+    b, h, t, d = 2, 3, 50, 8
+    q = torch.randn(b, h, t, d)
+    with footprint.study("probe", extra=1):
+        big = torch.zeros(1000, 1000)  # 3.81 MiB, the largest fresh allocation
+        torch.zeros(1000, 1).expand(1000, 5000)  # a view that looks larger (19 MiB) allocates 4 KB
+        big.add_(1)  # neither is an in-place result
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        F.scaled_dot_product_attention(q[:, :, -1:], q, q)  # a decoding step
+        with footprint.study("inner"):  # belongs to the outer study
+            torch.ones(2, 3) @ torch.ones(3, 4)
+            with torch.inference_mode():  # where a linear layer is one operator, not a view and a product
+                torch.nn.functional.linear(torch.ones(5, 3), torch.ones(7, 3))
+    (rec,) = records(target)
+    assert rec["study"] == "probe" and rec["extra"] == 1
+    assert rec["largest_tensor_mib"] == pytest.approx(1e6 * 4 / 2**20, abs=0.01)
+    assert rec["largest_tensor_shape"] == [1000, 1000]
+    assert rec["attention_flops"] == 4 * b * h * d * (t * (t + 1) // 2) + 4 * b * h * d * t
+    assert rec["decode_attention_calls"] == 1
+    assert rec["matmul_flops_by_width"] == {"4": 2 * 2 * 3 * 4, "7": 2 * 5 * 3 * 7}  # the inner study's, counted once, here
+    assert rec["peak_rss_mib"] >= rec["rss_before_mib"] > 0
+
+
+def test_cached_tables_are_recorded_as_studies(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    monkeypatch.setenv(footprint.ENV, str(tmp_path / "fp.jsonl"))
+    monkeypatch.setenv(footprint.NOTEBOOK_ENV, "05_search")
+    compute = lambda: pd.DataFrame({"x": [float((torch.ones(4, 4) @ torch.ones(4, 4)).sum())]})  # noqa: E731
+    cached_table("study_x", {"a": 1}, compute, "smoke")
+    cached_table("study_x", {"a": 1}, compute, "smoke")  # read back: nothing computed, nothing recorded
+    (rec,) = records(tmp_path / "fp.jsonl")
+    assert (rec["notebook"], rec["study"], rec["matmul_flops_by_width"]) == ("05_search", "study_x", {"4": 2 * 4 * 4 * 4})
+
+
+def _record(study, **flops):
+    base = dict(notebook="nb", study=study, seconds=1.0, rss_before_mib=100.0, peak_rss_mib=150.0,
+                largest_tensor_mib=1.0, largest_tensor_shape=[1], largest_tensor_op="aten::mm",
+                matmul_flops_by_width={}, attention_flops=0, decode_attention_calls=0)
+    return {**base, **flops}
+
+
+def test_cost_model_scales_each_part_by_its_own_factor():
+    dry = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10, parameters=1e3)
+    big = Shape(layers=4, hidden=16, intermediate=32, heads=4, head_dim=4, vocab=20, parameters=1e6)
+    gpu = Gpu("test", memory_gib=0.05, sustained_flops=1e12, bandwidth=1e9)
+    rows = pd.DataFrame([_record("calibration_kv", matmul_flops_by_width={"16": 10**12}),
+                         _record("calibration_kv", matmul_flops_by_width={"10": 10**12}),  # as wide as the vocabulary: the head
+                         _record("calibration_kv", attention_flops=10**12),
+                         _record("calibration_kv", decode_attention_calls=2 * dry.layers)])
+    table = cost_table(rows, dry, big, gpu)
+    ratio = PROFILES["paper"].calibration.n / PROFILES["paper-dry"].calibration.n
+    assert (table.work_ratio == round(ratio, 1)).all()
+    expected = [big.matmul_parameters / dry.matmul_parameters, (20 * 16) / (10 * 8), (4 * 4 * 4) / (2 * 2 * 4), 0]
+    assert table.paper_pflop.tolist() == pytest.approx([round(ratio * e * 1e-3, 2) for e in expected])
+    decode_seconds = ratio * 2 * 2 * big.parameters / gpu.bandwidth  # two steps, each reads the bf16 weights
+    assert table.paper_gpu_hours.iloc[3] == pytest.approx(round(decode_seconds / 3600, 3))
+    # memory: bf16 weights + the measured 50 MiB of activations times the width ratio (2)
+    assert table.paper_memory_bound_gib.iloc[0] == pytest.approx(round(2e6 / 2**30 + 2 * 50 / 1024, 1))
+    assert not table.fits.any()  # 0.1 GiB does not fit in 0.05
+
+
+def test_cost_model_refuses_a_study_it_has_no_units_for():
+    with pytest.raises(KeyError, match="no work units for study 'mystery'"):
+        cost_table(pd.DataFrame([_record("mystery")]), VICUNA_7B)
+
+
+def test_work_units_cover_both_profiles():
+    paper, dry = work_units(PROFILES["paper"]), work_units(PROFILES["paper-dry"])
+    assert paper.keys() == dry.keys() and all(v > 0 for v in dry.values())
+    assert all(paper[k] >= dry[k] for k in paper)
