@@ -68,18 +68,32 @@ def method_key(method: Method) -> str:
     return f"MoICE(bases={method.bases}, router={digest})"
 
 
-def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
-                    params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
-    """Accuracy by gold position (n, mean, 95 % CI), ρ(δ, a) and λ-fitness for every method. Each
-    method's per-sample results are cached under ``results/`` (keyed by ``params`` and the method),
-    so a rerun or an added method only computes what is missing."""
+def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
+                   params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
+    """Per-sample results of every method (a ``method`` column first). Each method's are cached under
+    ``results/`` (keyed by ``params`` and the method), so a rerun or an added method only computes
+    what is missing."""
     tables = []
     for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress):
         per_sample = cached_table(f"{name}_samples", {**params, "method": method_key(method)},
                                   lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings,
                                                                     progress=progress), profile)
-        tables.append(position_table(per_sample, method=label))
+        per_sample.insert(0, "method", label)
+        tables.append(per_sample)
     return pd.concat(tables, ignore_index=True)
+
+
+def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
+                    params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
+    """Accuracy by gold position (n, mean, 95 % CI), ρ(δ, a) and λ-fitness for every method (per-sample
+    results cached as in :func:`method_samples`)."""
+    return position_tables(method_samples(model, tokenizer, samples, methods, name, params, profile, settings, progress))
+
+
+def position_tables(per_sample: pd.DataFrame) -> pd.DataFrame:
+    """:func:`~lpes_nb.fitness.position_table` of each method of a :func:`method_samples` table."""
+    return pd.concat([position_table(g.drop(columns="method"), method=label)
+                      for label, g in per_sample.groupby("method", sort=False)], ignore_index=True)
 
 
 def summary_table(acc: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:

@@ -8,7 +8,7 @@ import pytest
 import lpes_nb.fitness as fitness_module
 from lpes_nb.data import Sample
 from lpes_nb.evaluate import evaluate_samples
-from lpes_nb.fitness import PositionFitness, position_table, weighted_fitness
+from lpes_nb.fitness import PositionFitness, paired_fitness_difference, position_table, weighted_fitness
 from lpes_nb.results import ResultCache
 
 
@@ -41,3 +41,22 @@ def test_position_fitness_caches_on_disk_and_depends_on_scales(tiny_llama, token
     np.testing.assert_allclose(again(scales), first)
     with pytest.raises(ValueError, match="exactly 3 gold positions"):
         PositionFitness(tiny_llama, tokenizer, samples[:4])
+
+
+def test_paired_difference_is_the_fitness_difference_with_a_paired_interval():
+    rng = np.random.default_rng(0)
+    rows = []
+    for pos in (0, 5, 9):
+        base = rng.random(40) < 0.5
+        better = base | (rng.random(40) < (0.3 if pos == 9 else 0.0))  # the method only ever adds correct answers at the end
+        rows += [{"method": "baseline", "position": pos, "sample": i, "correct": b} for i, b in enumerate(base)]
+        rows += [{"method": "m", "position": pos, "sample": i, "correct": b} for i, b in enumerate(better)]
+    df = pd.DataFrame(rows)
+    out = paired_fitness_difference(df, "m", "baseline")
+    expected = weighted_fitness(df[df.method == "m"]) - weighted_fitness(df[df.method == "baseline"])
+    assert out["difference"] == pytest.approx(expected) and out["difference"] > 0
+    assert 0 < out["ci_low"] <= out["difference"] <= out["ci_high"]  # pairing resolves a one-sided gain
+    same = paired_fitness_difference(df, "baseline", "baseline")
+    assert same["difference"] == same["ci_low"] == same["ci_high"] == 0
+    with pytest.raises(ValueError, match="no per-sample results for \\['x'\\]"):
+        paired_fitness_difference(df, "x", "baseline")
