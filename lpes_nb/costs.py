@@ -17,12 +17,12 @@ The model, per study:
   Vicuna's differs by some percent on the same text, which this does not model.
 * **time**: work / sustained throughput, plus, for decoding, one read of the bf16 weights per
   decoding step at the stated memory bandwidth (decoding a batch is memory-bound).
-* **memory**: the bf16 weights plus the study's activation memory measured in the dry run (peak RSS
-  minus RSS at its start, float32) times the width ratio (4096 / 32 = 128: hidden states, MLP and
-  keys/values grow with it), and for the studies with a backward pass also times the depth ratio.
-  It is an upper bound: it keeps float32's 4 bytes, and it scales vocabulary-wide tensors (logits,
-  which shrink from 49,152 to 32,000 columns) and Python overheads like activations; where it
-  exceeds 80 GB, the README works the study out by hand.
+* **memory** (:func:`memory_scaling`, :func:`memory_fit`): not from the studies' records, whose
+  peaks hold width-independent tensors (a batch of 16 prompts of 5.5k tokens gets a 456 MB boolean
+  attention mask, as large at width 32 as at 4096), but from the operations that set the peaks, at
+  the paper's batch sizes and lengths, measured at three widths of the dry model and extrapolated
+  along the fitted line to width 4096 (float32 activations: an upper bound for bf16), plus the bf16
+  weights.
 """
 
 from __future__ import annotations
@@ -117,9 +117,6 @@ def work_units(p: Profile) -> dict[str, float]:
     }
 
 
-TRAINING_STUDIES = {"search_gradient", "MoICE router training"}  # they run a backward pass
-
-
 def _units_key(study: str, units: dict[str, float]) -> str:
     key = "GA search" if study.startswith("GA search") else study
     if key == "GA search" and "second_" in study:  # notebook 8's searches run on its own search set
@@ -131,8 +128,8 @@ def _units_key(study: str, units: dict[str, float]) -> str:
 
 def cost_table(records: pd.DataFrame, dry: Shape, big: Shape = VICUNA_7B, gpu: Gpu = H100,
                paper: str = "paper", dry_profile: str = "paper-dry") -> pd.DataFrame:
-    """One row per study of the dry run: its measurements and the paper's estimated GPU time and
-    peak memory (see the module's docstring for the model)."""
+    """One row per study of the dry run: its measurements and the paper's estimated GPU time (see the
+    module's docstring for the model)."""
     paper_units, dry_units = work_units(profile(paper)), work_units(profile(dry_profile))
     rows = []
     for r in records.itertuples(index=False):
@@ -145,19 +142,14 @@ def cost_table(records: pd.DataFrame, dry: Shape, big: Shape = VICUNA_7B, gpu: G
                          + r.attention_flops * (big.layers * big.heads * big.head_dim) / (dry.layers * dry.heads * dry.head_dim))
         decode_steps = ratio * r.decode_attention_calls / dry.layers
         seconds = flops / gpu.sustained_flops + decode_steps * 2 * big.parameters / gpu.bandwidth
-        # activations grow with the width; a backward pass keeps every layer's (x layers)
-        width = big.hidden / dry.hidden * (big.layers / dry.layers if key in TRAINING_STUDIES else 1)
-        activation_mib = max(r.peak_rss_mib - r.rss_before_mib, 0)
         rows.append({
-            "notebook": r.notebook, "study": r.study, "dry_seconds": r.seconds, "dry_activation_mib": round(activation_mib),
+            "notebook": r.notebook, "study": r.study, "dry_seconds": r.seconds,
+            "dry_activation_mib": round(max(r.peak_rss_mib - r.rss_before_mib, 0)),
             "dry_largest_tensor_mib": r.largest_tensor_mib, "dry_largest_tensor": f"{r.largest_tensor_op} {r.largest_tensor_shape}",
             "work_ratio": round(ratio, 1), "paper_pflop": round(flops / 1e15, 2), "paper_decode_steps": round(decode_steps),
             "paper_gpu_hours": round(seconds / 3600, 3),
-            "paper_memory_bound_gib": round(2 * big.parameters / 2**30 + width * activation_mib / 1024, 1),
         })
-    table = pd.DataFrame(rows)
-    table["fits"] = table.paper_memory_bound_gib <= gpu.memory_gib
-    return table
+    return pd.DataFrame(rows)
 
 
 # The operations that set the paper profile's memory, at its lengths and batch sizes (the longest
@@ -196,7 +188,7 @@ def _operation(model, name: str) -> None:
             model(input_ids=ids(1, 32768), logits_to_keep=2049)
 
 
-def memory_scaling(widths=(32, 64, 128)) -> pd.DataFrame:
+def memory_scaling(widths=(16, 32, 64)) -> pd.DataFrame:
     """Peak resident memory above the loaded model of each :data:`MEMORY_OPERATIONS` entry on
     ``paper-dry-llama`` at several widths (head size 16, MLP ratio 2.6875, 32 layers, float32), a
     least-squares line in the width per operation, and its value at the 7B's width 4096."""

@@ -9,7 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from lpes_nb import footprint
-from lpes_nb.costs import VICUNA_7B, Gpu, Shape, cost_table, work_units
+from lpes_nb.costs import (
+    MEMORY_OPERATIONS,
+    VICUNA_7B,
+    Gpu,
+    Shape,
+    cost_table,
+    memory_fit,
+    work_units,
+)
 from lpes_nb.models import tiny_config
 from lpes_nb.profiles import PROFILES
 from lpes_nb.results import cached_table
@@ -91,7 +99,7 @@ def _record(study, **flops):
 def test_cost_model_scales_each_part_by_its_own_factor():
     dry = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10, parameters=1e3)
     big = Shape(layers=4, hidden=16, intermediate=32, heads=4, head_dim=4, vocab=20, parameters=1e6)
-    gpu = Gpu("test", memory_gib=0.05, sustained_flops=1e12, bandwidth=1e9)
+    gpu = Gpu("test", memory_gib=80, sustained_flops=1e12, bandwidth=1e9)
     rows = pd.DataFrame([_record("calibration_kv", matmul_flops_by_width={"16": 10**12}),
                          _record("calibration_kv", matmul_flops_by_width={"10": 10**12}),  # as wide as the vocabulary: the head
                          _record("calibration_kv", attention_flops=10**12),
@@ -103,9 +111,19 @@ def test_cost_model_scales_each_part_by_its_own_factor():
     assert table.paper_pflop.tolist() == pytest.approx([round(ratio * e * 1e-3, 2) for e in expected])
     decode_seconds = ratio * 2 * 2 * big.parameters / gpu.bandwidth  # two steps, each reads the bf16 weights
     assert table.paper_gpu_hours.iloc[3] == pytest.approx(round(decode_seconds / 3600, 3))
-    # memory: bf16 weights + the measured 50 MiB of activations times the width ratio (2)
-    assert table.paper_memory_bound_gib.iloc[0] == pytest.approx(round(2e6 / 2**30 + 2 * 50 / 1024, 1))
-    assert not table.fits.any()  # 0.1 GiB does not fit in 0.05
+    assert (table.dry_activation_mib == 50).all()
+
+
+def test_memory_fit_extrapolates_the_measured_line_to_the_big_width():
+    measured = pd.DataFrame([{"operation": op, "width": w, "activation_mib": 100 + 3 * w}
+                             for op in MEMORY_OPERATIONS for w in (16, 32, 64)])
+    fit = memory_fit(measured, VICUNA_7B, Gpu("test", memory_gib=24, sustained_flops=1, bandwidth=1))
+    assert fit.mib_at_width_0.tolist() == [100] * 4 and fit.mib_per_width.tolist() == [3] * 4
+    activations = (100 + 3 * 4096) / 1024
+    assert fit.activations_7b_gib.iloc[0] == pytest.approx(round(activations, 1))
+    assert fit.peak_7b_gib.iloc[0] == pytest.approx(round(2 * VICUNA_7B.parameters / 2**30 + activations, 1))
+    assert not fit.fits.any()  # 12.6 GiB of weights + 12.1 GiB of activations > 24 GiB
+    assert memory_fit(measured, VICUNA_7B, Gpu("test", memory_gib=25, sustained_flops=1, bandwidth=1)).fits.all()
 
 
 def test_cost_model_refuses_a_study_it_has_no_units_for():

@@ -8,7 +8,12 @@ import pytest
 import lpes_nb.fitness as fitness_module
 from lpes_nb.data import Sample
 from lpes_nb.evaluate import evaluate_samples
-from lpes_nb.fitness import PositionFitness, paired_fitness_difference, position_table, weighted_fitness
+from lpes_nb.fitness import (
+    PositionFitness,
+    paired_fitness_difference,
+    position_table,
+    weighted_fitness,
+)
 from lpes_nb.results import ResultCache
 
 
