@@ -90,20 +90,23 @@ class Gpu:
 H100 = Gpu("H100 80GB (assumed 40 % of 989 TFLOP/s, 3.35 TB/s)", 80, 0.4 * 989e12, 3.35e12)
 
 
-def work_units(p: Profile) -> dict[str, float]:
-    """Per study, the count its work is proportional to (samples, GA scorings, steps, windows), so
-    that ``units(paper) / units(paper-dry)`` scales a dry-run measurement to the paper."""
+def work_units(p: Profile, layers: int) -> dict[str, float]:
+    """Per study, the count its work is proportional to (samples, GA scorings, steps, windows, and
+    for the probes that patch one layer or block at a time, the model's ``layers``), so that
+    ``units(paper) / units(paper-dry)`` scales a dry-run measurement to the paper."""
     b = p.benchmarks
+    blocks = -(-layers // p.attention.range_width) + 1  # every block of range_width layers, and none
 
     def ga(cfg, n):  # scorings of a whole search: every individual of every generation, n prompts per position
         return cfg.population * (cfg.generations + 1) * n
 
     return {
         "calibration_kv": p.calibration.n, "calibration_mdqa": p.mdqa.n,
-        "probe_masking_ppl": p.probes.windows, "probe_noise_ppl": p.probes.windows,
-        "probe_coarsening_ppl": p.probes.windows, "probe_masking_recall": p.probes.recall_n,
+        "probe_masking_ppl": p.probes.windows * (layers + 1), "probe_noise_ppl": p.probes.windows * layers,
+        "probe_coarsening_ppl": p.probes.windows * layers * len(p.probes.ks),
+        "probe_masking_recall": p.probes.recall_n * (layers + 1),
         "attention_entropy_length": 1, "attention_by_scale": 1, "attention_rope_removal": 1,
-        "attention_layer_ranges": p.attention.range_n, "rsm_deviation": p.rsm.prompts * len(p.rsm.seeds),
+        "attention_layer_ranges": p.attention.range_n * blocks, "rsm_deviation": p.rsm.prompts * len(p.rsm.seeds),
         "GA search": ga(p.ga, p.search.n), "second GA search": ga(p.second.ga, p.second.search.n),
         "search_test_eval": p.test.n,
         # the gradient search's steps dominate its test-set evaluation (a single method)
@@ -130,7 +133,7 @@ def cost_table(records: pd.DataFrame, dry: Shape, big: Shape = VICUNA_7B, gpu: G
                paper: str = "paper", dry_profile: str = "paper-dry") -> pd.DataFrame:
     """One row per study of the dry run: its measurements and the paper's estimated GPU time (see the
     module's docstring for the model)."""
-    paper_units, dry_units = work_units(profile(paper)), work_units(profile(dry_profile))
+    paper_units, dry_units = work_units(profile(paper), big.layers), work_units(profile(dry_profile), dry.layers)
     rows = []
     for r in records.itertuples(index=False):
         key = _units_key(r.study, dry_units)
@@ -188,16 +191,16 @@ def _operation(model, name: str) -> None:
             model(input_ids=ids(1, 32768), logits_to_keep=2049)
 
 
-def memory_scaling(widths=(16, 32, 64)) -> pd.DataFrame:
+def memory_scaling(widths=(16, 32, 64), big: Shape = VICUNA_7B) -> pd.DataFrame:
     """Peak resident memory above the loaded model of each :data:`MEMORY_OPERATIONS` entry on
-    ``paper-dry-llama`` at several widths (head size 16, MLP ratio 2.6875, 32 layers, float32), a
-    least-squares line in the width per operation, and its value at the 7B's width 4096."""
+    ``paper-dry-llama`` with the 7B's depth at several widths (head size 16, MLP ratio 2.6875,
+    float32); :func:`memory_fit` extrapolates it to the 7B's width."""
     from .footprint import _reset_hwm, _status_kib
     from .models import model_from_config, tiny_config
 
     rows = []
     for width in widths:
-        config = tiny_config("paper-dry-llama", hidden_size=width, num_attention_heads=width // 16,
+        config = tiny_config("paper-dry-llama", hidden_size=width, num_attention_heads=width // 16, num_hidden_layers=big.layers,
                              num_key_value_heads=width // 16, intermediate_size=round(width * 11008 / 4096))
         model = model_from_config(config)
         for name in MEMORY_OPERATIONS:

@@ -234,7 +234,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                         TaskConfig("two_fact", 20, n=20, seed=100)),
                            search=TaskConfig("two_fact", 10, n=4, seed=1), test=TaskConfig("two_fact", 10, n=40, seed=2),
                            ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=2),
-                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=15),
+                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=10),
     ),
     Profile(
         # Vicuna-7B-v1.5-16k: 75 UUID pairs are ~5.5k tokens, beyond the 4k window of Vicuna-7B-v1.5
@@ -266,7 +266,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 
 def _paper_dry(paper: Profile) -> Profile:
     """The ``paper`` profile's task sizes, sequence lengths, batch sizes, positions and studies on a
-    random-weight Llama of Vicuna-7B-16k's depth and structure at width 64 (``paper-dry-llama``): only
+    random-weight Llama of Vicuna-7B-16k's structure at width 32 and depth 8 (``paper-dry-llama``): only
     the samples per study and the GA budget are smaller. ``python -m lpes_nb.costs dry-run`` executes
     it and records what every study costs; the cost model scales that to the 7B model. Where memory
     is at stake the sample counts fill a batch of 16 at the longest prompts (KV calibration and test

@@ -40,9 +40,9 @@ def test_paper_dry_keeps_the_papers_lengths_batches_and_positions():
     assert b.extrapolation.lengths == p.extrapolation.lengths and b.extrapolation.tail == p.extrapolation.tail
     assert b.router.batch_size == p.router.batch_size and b.latency.new_tokens == p.latency.new_tokens
     assert dataclasses.replace(b.mdqa, n=p.mdqa.n) == p.mdqa
-    # and the model keeps Vicuna-7B-16k's depth, trained window and RoPE scaling
+    # and the model keeps Vicuna-7B-16k's trained window and RoPE scaling
     config = tiny_config(dry.model)
-    assert config.num_hidden_layers == VICUNA_7B.layers and config.max_position_embeddings == 16384
+    assert config.max_position_embeddings == 16384
     assert config.rope_parameters["rope_type"] == "linear" and config.rope_parameters["factor"] == 4.0
 
 
@@ -105,7 +105,7 @@ def test_cost_model_scales_each_part_by_its_own_factor():
                          _record("calibration_kv", attention_flops=10**12),
                          _record("calibration_kv", decode_attention_calls=2 * dry.layers)])
     table = cost_table(rows, dry, big, gpu)
-    ratio = PROFILES["paper"].calibration.n / PROFILES["paper-dry"].calibration.n
+    ratio = PROFILES["paper"].calibration.n / PROFILES["paper-dry"].calibration.n  # no layer loop
     assert (table.work_ratio == round(ratio, 1)).all()
     expected = [big.matmul_parameters / dry.matmul_parameters, (20 * 16) / (10 * 8), (4 * 4 * 4) / (2 * 2 * 4), 0]
     assert table.paper_pflop.tolist() == pytest.approx([round(ratio * e * 1e-3, 2) for e in expected])
@@ -131,7 +131,9 @@ def test_cost_model_refuses_a_study_it_has_no_units_for():
         cost_table(pd.DataFrame([_record("mystery")]), VICUNA_7B)
 
 
-def test_work_units_cover_both_profiles():
-    paper, dry = work_units(PROFILES["paper"]), work_units(PROFILES["paper-dry"])
+def test_work_units_cover_both_profiles_and_scale_layer_loops():
+    paper, dry = work_units(PROFILES["paper"], 32), work_units(PROFILES["paper-dry"], 8)
     assert paper.keys() == dry.keys() and all(v > 0 for v in dry.values())
     assert all(paper[k] >= dry[k] for k in paper)
+    # one masked layer at a time, plus the unpatched pass: 33 passes on 32 layers, 9 on 8
+    assert paper["probe_masking_ppl"] / dry["probe_masking_ppl"] == PROFILES["paper"].probes.windows * 33 / 9
