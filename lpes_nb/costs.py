@@ -220,9 +220,13 @@ def memory_fit(measured: pd.DataFrame, big: Shape = VICUNA_7B, gpu: Gpu = H100) 
         slope, intercept = np.polyfit(g.width, g.activation_mib, 1)
         activation_gib = (intercept + slope * big.hidden) / 1024
         total = 2 * big.parameters / 2**30 + activation_gib
+        # the width-proportional part is measured only if it grows by more than a tenth of the rest
+        # over the widths tried; otherwise it is below the allocator's noise and must be worked out by hand
+        resolved = bool(slope * (g.width.max() - g.width.min()) > 0.1 * abs(intercept))
         rows.append({"operation": name, "studies": MEMORY_OPERATIONS[name], "mib_at_width_0": round(intercept),
-                     "mib_per_width": round(slope, 2), "activations_7b_gib": round(activation_gib, 1),
-                     "peak_7b_gib": round(total, 1), "fits": total <= gpu.memory_gib})
+                     "mib_per_width": round(slope, 2), "slope_resolved": resolved,
+                     "activations_7b_gib": round(activation_gib, 1) if resolved else np.nan,
+                     "peak_7b_gib": round(total, 1) if resolved else np.nan, "fits": total <= gpu.memory_gib if resolved else None})
     return pd.DataFrame(rows)
 
 

@@ -124,6 +124,9 @@ def test_memory_fit_extrapolates_the_measured_line_to_the_big_width():
     assert fit.peak_7b_gib.iloc[0] == pytest.approx(round(2 * VICUNA_7B.parameters / 2**30 + activations, 1))
     assert not fit.fits.any()  # 12.6 GiB of weights + 12.1 GiB of activations > 24 GiB
     assert memory_fit(measured, VICUNA_7B, Gpu("test", memory_gib=25, sustained_flops=1, bandwidth=1)).fits.all()
+    flat = measured.assign(activation_mib=2500 - measured.width)  # noise around a width-independent peak
+    unresolved = memory_fit(flat, VICUNA_7B)
+    assert not unresolved.slope_resolved.any() and unresolved.peak_7b_gib.isna().all()  # no extrapolation from noise
 
 
 def test_cost_model_refuses_a_study_it_has_no_units_for():
