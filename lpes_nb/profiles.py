@@ -232,9 +232,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            calibration=(TaskConfig("kv", 40, n=10, seed=100), TaskConfig("kv", 100, n=10, seed=100),
                                         TaskConfig("mdqa", 10, n=10, offset=100), TaskConfig("two_fact", 10, n=20, seed=100),
                                         TaskConfig("two_fact", 20, n=20, seed=100)),
-                           search=TaskConfig("two_fact", 10, n=4, seed=1), test=TaskConfig("two_fact", 10, n=40, seed=2),
-                           ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=2),
-                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=10),
+                           search=TaskConfig("two_fact", 10, n=4, seed=1), test=TaskConfig("two_fact", 10, n=20, seed=2),
+                           ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=1),
+                           ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=5),
     ),
     Profile(
         # Vicuna-7B-v1.5-16k: 75 UUID pairs are ~5.5k tokens, beyond the 4k window of Vicuna-7B-v1.5
