@@ -262,9 +262,9 @@ def dry_run(out: Path, start: str | None = None) -> None:
 
 
 def write_table() -> pd.DataFrame:
-    from .models import load_model
+    from .models import tiny_config
 
-    table = cost_table(read_records(), Shape.of(load_model("paper-dry-llama").config))
+    table = cost_table(read_records(), Shape.of(tiny_config("paper-dry-llama")))
     write_csv(project_root() / COSTS_DIR / TABLE_FILE, table)
     return table
 
