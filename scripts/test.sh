@@ -3,7 +3,7 @@
 # the published `cpu` notebooks re-executed from the result store and compared in strict nbval mode,
 # then unit tests and every notebook executed under the `smoke` profile.
 source "$(dirname "$0")/env.sh"
-python -m lpes_nb.models --prepare   # converts the embedded model once (cached afterwards)
+python -m lpes_nb.models --prepare smollm2-135m qwen2.5-coder-0.5b   # converts the embedded models once (cached afterwards)
 # the explorer's browser test drives Debian's chromium; install it where missing and possible
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)) >/dev/null 2>&1 \
