@@ -156,7 +156,7 @@ CASES = {
     "lasp kind": (lambda f: methods.LASP("all"), r"unknown LASP variant 'all'"),
     "buckets base": (lambda f: methods.AttentionBuckets(bases=(10000.0, 0.5)), r"RoPE base must be > 1, got 0.5"),
     "buckets string": (lambda f: methods.AttentionBuckets(bases="10000"), r"non-empty sequence of RoPE bases, got '10000'"),
-    "model dtype string": (lambda f: models.load_model("tiny-llama", dtype="float64"), r"dtype must be one of .* got 'float64'"),
+    "model dtype string": (lambda f: models.load_model("tiny-llama", dtype="float64"), r"dtype must be 'auto' or one of .* got 'float64'"),
     "model name": (lambda f: models.load_model("llama-7b"), r"unknown model 'llama-7b'"),
     "tiny name": (lambda f: models.tiny_config("tiny-gpt"), r"unknown tiny model 'tiny-gpt'"),
 }
