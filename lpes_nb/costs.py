@@ -59,22 +59,23 @@ class Shape:
     heads: int
     head_dim: int
     vocab: int
-    parameters: float
 
     @property
     def matmul_parameters(self) -> float:  # q, k, v, o and the three MLP matrices of every layer
         return self.layers * (4 * self.hidden * self.hidden + 3 * self.hidden * self.intermediate)
 
+    @property
+    def parameters(self) -> float:  # plus the untied embedding and output head (6.74e9 for Vicuna-7B)
+        return self.matmul_parameters + 2 * self.vocab * self.hidden
+
     @classmethod
     def of(cls, config) -> Shape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        parameters = (config.num_hidden_layers * (4 * config.hidden_size ** 2 + 3 * config.hidden_size * config.intermediate_size)
-                      + 2 * config.vocab_size * config.hidden_size)
         return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads,
-                   head_dim, config.vocab_size, parameters)
+                   head_dim, config.vocab_size)
 
 
-VICUNA_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, head_dim=128, vocab=32000, parameters=6.74e9)
+VICUNA_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, head_dim=128, vocab=32000)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def memory_scaling(widths=(16, 32, 64), big: Shape = VICUNA_7B) -> pd.DataFrame:
     """Peak resident memory above the loaded model of each :data:`MEMORY_OPERATIONS` entry on
     ``paper-dry-llama`` with the 7B's depth at several widths (head size 16, MLP ratio 2.6875,
     float32); :func:`memory_fit` extrapolates it to the 7B's width."""
-    from .footprint import _reset_hwm, _status_kib
+    from .footprint import reset_peak_rss, rss_kib
     from .models import model_from_config, tiny_config
 
     rows = []
@@ -204,10 +205,10 @@ def memory_scaling(widths=(16, 32, 64), big: Shape = VICUNA_7B) -> pd.DataFrame:
                              num_key_value_heads=width // 16, intermediate_size=round(width * 11008 / 4096))
         model = model_from_config(config)
         for name in MEMORY_OPERATIONS:
-            _reset_hwm()
-            before = _status_kib("VmRSS")
+            reset_peak_rss()
+            before = rss_kib("VmRSS")
             _operation(model, name)
-            rows.append({"operation": name, "width": width, "activation_mib": round((_status_kib("VmHWM") - before) / 1024, 1)})
+            rows.append({"operation": name, "width": width, "activation_mib": round((rss_kib("VmHWM") - before) / 1024, 1)})
         del model
     return pd.DataFrame(rows)
 

@@ -3,7 +3,7 @@ any operator produced, and the FLOPs of its matrix products and attention.
 
 Off unless ``LPES_FOOTPRINT`` names a JSON-lines file; then every computed study (each
 :func:`lpes_nb.results.cached_table`, GA search and router training) appends one record to it. The
-``paper-dry`` run (``scripts/paper_dry.py``) uses the records for its time/memory table, and
+``paper-dry`` run (``python -m lpes_nb.costs dry-run``) uses the records for its time/memory table, and
 :mod:`lpes_nb.costs` scales their FLOPs to a 7B model.
 
 * Peak memory: the process's RSS high-water mark (``VmHWM``), reset at the start of each study by
@@ -30,8 +30,6 @@ ENV = "LPES_FOOTPRINT"
 NOTEBOOK_ENV = "LPES_NOTEBOOK"  # set by lpes_nb.run for each notebook it executes
 _STATUS = Path("/proc/self/status")
 _inside = False
-
-
 _MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 
 
@@ -76,7 +74,7 @@ def _ops_mode():
     return Ops()
 
 
-def _status_kib(field: str) -> int:
+def rss_kib(field: str) -> int:
     """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in KiB; 0 where /proc is unavailable."""
     try:
         return int(re.search(rf"{field}:\s+(\d+)", _STATUS.read_text()).group(1))
@@ -84,7 +82,8 @@ def _status_kib(field: str) -> int:
         return 0
 
 
-def _reset_hwm() -> bool:
+def reset_peak_rss() -> bool:
+    """Reset this process's RSS high-water mark to its current RSS; False where Linux does not allow it."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -101,9 +100,9 @@ def study(name: str, **details):
         yield
         return
     _inside = True
-    reset = _reset_hwm()
+    reset = reset_peak_rss()
     ops = _ops_mode()
-    before = _status_kib("VmRSS")
+    before = rss_kib("VmRSS")
     start = time.perf_counter()
     try:
         with ops:
@@ -113,7 +112,7 @@ def study(name: str, **details):
     record = {
         "notebook": os.environ.get(NOTEBOOK_ENV, ""), "study": name, **details,
         "seconds": round(time.perf_counter() - start, 2),
-        "rss_before_mib": round(before / 1024, 1), "peak_rss_mib": round(_status_kib("VmHWM") / 1024, 1),
+        "rss_before_mib": round(before / 1024, 1), "peak_rss_mib": round(rss_kib("VmHWM") / 1024, 1),
         "peak_rss_is_per_study": reset,
         "largest_tensor_mib": round(ops.bytes / 2**20, 2), "largest_tensor_shape": list(ops.shape),
         "largest_tensor_op": ops.op, "matmul_flops_by_width": {str(w): f for w, f in sorted(ops.matmul_flops.items())},

@@ -97,8 +97,8 @@ def _record(study, **flops):
 
 
 def test_cost_model_scales_each_part_by_its_own_factor():
-    dry = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10, parameters=1e3)
-    big = Shape(layers=4, hidden=16, intermediate=32, heads=4, head_dim=4, vocab=20, parameters=1e6)
+    dry = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10)
+    big = Shape(layers=4, hidden=16, intermediate=32, heads=4, head_dim=4, vocab=20)
     gpu = Gpu("test", memory_gib=80, sustained_flops=1e12, bandwidth=1e9)
     rows = pd.DataFrame([_record("calibration_kv", matmul_flops_by_width={"16": 10**12}),
                          _record("calibration_kv", matmul_flops_by_width={"10": 10**12}),  # as wide as the vocabulary: the head
