@@ -161,7 +161,10 @@ def extrapolation_specs(model, variant: str, length: int, relative: Sequence[flo
 @torch.inference_mode()
 def tail_perplexity(model, window: Sequence[int], tail: int, specs=None) -> float:
     """Perplexity of the last ``tail`` tokens of one long window (only their logits are computed)."""
-    ids = torch.tensor([list(window)])
+    window = list(window)
+    if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail < len(window):
+        raise ValueError(f"tail must be an integer in [1, {len(window) - 1}] (the window has {len(window)} tokens), got {tail!r}")
+    ids = torch.tensor([window])
     with rope_context(model, specs):
         logits = model(ids, logits_to_keep=tail + 1).logits[0, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits, ids[0, -tail:], reduction="sum")

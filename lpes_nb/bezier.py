@@ -24,7 +24,10 @@ def validate_control_points(points, num_layers: int, y_range: tuple[float, float
     lo, hi = y_range
     if not lo < hi:
         raise ValueError(f"y_range must be (low, high) with low < high, got {y_range!r}")
-    pts = np.asarray(points, dtype=float)
+    try:
+        pts = np.asarray(points, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"control points must be numbers (x, y), shape (n, 2), got {points!r}") from None
     if pts.ndim != 2 or pts.shape[1] != 2:
         raise ValueError(f"control points must have shape (n, 2), got {pts.shape}")
     if len(pts) < 2:

@@ -110,6 +110,12 @@ def qa_prompt(question: str, documents: list[dict]) -> tuple[str, tuple[tuple[in
 def mdqa_sample(record: dict, gold_index: int, num_docs: int = 10, sample_id: int = 0) -> Sample:
     """Gold document moved to ``gold_index`` among the first ``num_docs - 1`` distractors (kept in
     retrieval order), as the lost-in-the-middle setting does."""
+    most = len(record["ctxs"])
+    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or not 2 <= num_docs <= most:
+        raise ValueError(f"num_docs must be an integer in [2, {most}] (the record's gold document and its "
+                         f"{most - 1} distractors), got {num_docs!r}")
+    if isinstance(gold_index, bool) or not isinstance(gold_index, int):
+        raise ValueError(f"gold_index must be an integer in [0, {num_docs - 1}], got {gold_index!r}")
     distractors = record["ctxs"][1:num_docs]
     if len(distractors) != num_docs - 1:
         raise ValueError(f"num_docs={num_docs} needs {num_docs - 1} distractors, the record has {len(record['ctxs']) - 1}")
@@ -125,6 +131,10 @@ def mdqa_sample(record: dict, gold_index: int, num_docs: int = 10, sample_id: in
 
 def kv_prompt(pairs: list[tuple[str, str]], key: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     """The original KV prompt (JSON one pair a line) and the character span of each pair."""
+    if len(pairs) < 1:
+        raise ValueError(f"kv_prompt needs at least one (key, value) pair, got {pairs!r}")
+    if key not in {k for k, _ in pairs}:
+        raise ValueError(f"the key {key!r} is not among the prompt's {len(pairs)} keys")
     head = f"{KV_INSTRUCTION}\n\nJSON data:\n"
     body, spans = "", []
     for i, (k, v) in enumerate(pairs):
@@ -193,6 +203,8 @@ PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here w
 
 def passkey_sample(num_fillers: int, depth: float, seed: int = 0, sample_id: int = 0) -> Sample:
     """The LongLoRA / landmark-attention passkey prompt with the needle at relative ``depth``."""
+    if isinstance(num_fillers, bool) or not isinstance(num_fillers, int) or num_fillers < 0:
+        raise ValueError(f"num_fillers must be an integer >= 0, got {num_fillers!r}")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     key = random.Random(seed).randrange(10000, 100000)

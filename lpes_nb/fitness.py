@@ -36,6 +36,9 @@ def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **label
 
 def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
     """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last."""
+    if df.empty:
+        raise ValueError(f"no evaluated samples to score ({df.attrs.get('skipped', 0)} skipped as longer than the model's "
+                         "positions): shorten the task (num_items) or use a model with a longer window")
     acc = df.groupby("position")["correct"].mean().sort_index()
     if len(acc) != 3:
         raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")

@@ -51,6 +51,8 @@ class GAConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name in ("generations", "crossovers") else 1):
                 raise ValueError(f"GAConfig.{name} must be a non-negative integer (>= 1 unless generations/crossovers), got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"GAConfig.seed must be an integer >= 0, got {self.seed!r}")
         if self.parents + self.mutations + self.crossovers != self.population:
             raise ValueError(
                 f"parents + mutations + crossovers must equal population: "
@@ -212,6 +214,14 @@ class TargetCurveFitness:
     def __call__(self, scales: np.ndarray) -> np.ndarray:
         return -np.sqrt(((np.asarray(scales) - np.asarray(self.target)) ** 2).mean(axis=1))
 
+    def fingerprint(self) -> str:
+        return f"target-curve {list(self.target)}"
+
+
+def _fitness_id(fitness) -> str | None:
+    """What a fitness says it measures (its ``fingerprint()``), or None where it cannot say."""
+    return fitness.fingerprint() if callable(getattr(fitness, "fingerprint", None)) else None
+
 
 def _key(g: np.ndarray) -> str:
     return json.dumps(np.asarray(g).tolist())
@@ -258,6 +268,10 @@ class GeneticSearch:
                  progress: bool = True):
         if config.y_step != space.y_step:
             raise ValueError(f"GAConfig.y_step={config.y_step} differs from the space's y_step={space.y_step}")
+        if checkpoint is not None and _fitness_id(fitness) is None:
+            # a checkpoint stores scores; resuming under another fitness would report the old run's scores
+            raise ValueError(f"a checkpointed search needs a fitness it can identify: {fitness!r} has no fingerprint() "
+                             "method (PositionFitness and TargetCurveFitness have one); add one, or pass checkpoint=None")
         self.space, self.fitness, self.config = space, fitness, config
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
         self.progress = progress
@@ -266,7 +280,7 @@ class GeneticSearch:
     # identity of a run: everything that determines its trajectory, including what is optimised when
     # the fitness states it (PositionFitness.fingerprint(): model, dtype, task samples, settings)
     def fingerprint(self) -> str:
-        fitness = self.fitness.fingerprint() if hasattr(self.fitness, "fingerprint") else None
+        fitness = _fitness_id(self.fitness)
         desc = {"space": type(self.space).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.space).items()},
                 **asdict(self.config), "fitness": fitness}
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]

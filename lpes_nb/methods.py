@@ -216,6 +216,9 @@ class Caliope(Method):
         return tuple(float(x) for x in np.concatenate([c, c[-1:]]))  # the question keeps the last offset
 
     def specs(self, model, length, segments):
+        if not segments:
+            raise ValueError(f"{self.name} needs each token's document segment (needs_segments=True), got "
+                             f"segments={segments!r}; evaluate it through lpes_nb.evaluate, which passes them")
         num_docs = max(max(s) for s in segments) - 1
         remap = SegmentOffsets(self.offsets(num_docs))
         return [RopeSpec(remap=remap)] * find_rope_stack(model).num_layers

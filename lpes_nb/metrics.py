@@ -28,7 +28,9 @@ def first_line(prediction: str) -> str:
 
 def best_subspan_em(prediction: str, answers: Iterable[str]) -> float:
     """1.0 if any normalised gold answer is a substring of the normalised prediction."""
-    pred = normalize_answer(prediction)
+    pred = normalize_answer(_text(prediction, "prediction"))
+    if isinstance(answers, str):  # a string would be taken as a list of one-character answers
+        raise ValueError(f"answers must be a list of gold answers, got the string {answers!r}")
     return float(any(normalize_answer(a) in pred for a in answers))
 
 

@@ -20,6 +20,9 @@ from .rope import RopeSpec, find_rope_stack, rope_context
 
 
 def _batches(windows: Sequence[Sequence[int]], batch_size: int) -> list[torch.Tensor]:
+    lengths = sorted({len(w) for w in windows})
+    if not windows or len(lengths) != 1 or lengths[0] < 2:
+        raise ValueError(f"windows must be one or more token windows of one length >= 2, got lengths {lengths}")
     ids = torch.tensor([list(w) for w in windows])
     return [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lpes_nb import (
+    benchmarks,
     bezier,
     data,
     evaluate,
@@ -16,6 +17,7 @@ from lpes_nb import (
     methods,
     metrics,
     models,
+    probes,
     results,
     rope,
     tasks,
@@ -53,6 +55,11 @@ def files(tmp_path_factory):
     (ckpt / "scales.json").write_text('{"scales": [1.5, NaN]}')
     made["ckpt"] = ckpt
     return made
+
+
+# an MDQA-shaped record (a gold document and 19 distractors) for the argument checks that need no file
+_MDQA_RECORD = {"question": "q?", "answers": ["a"],
+                "ctxs": [{"title": f"t{i}", "text": "x", "isgold": i == 0} for i in range(20)]}
 
 
 def _search(checkpoint):
@@ -102,6 +109,12 @@ CASES = {
     "checkpoint empty": (lambda f: _search(f["ckpt"] / "empty.json").run(), r"checkpoint .*empty.json is unreadable"),
     "checkpoint truncated": (lambda f: _search(f["ckpt"] / "truncated.json").run(), r"truncated.json is unreadable"),
     "checkpoint foreign": (lambda f: _search(f["ckpt"] / "other.json").run(), r"other.json is unreadable"),
+    "checkpoint anonymous fitness": (lambda f: GeneticSearch(BezierSpace(6), lambda s: -np.abs(s - 1.5).mean(axis=1),
+                                                             GAConfig(generations=1), checkpoint=f["ckpt"] / "anon.json"),
+                                     r"checkpointed search needs a fitness it can identify: .*lambda.* has no fingerprint"),
+    "GA seed": (lambda f: GAConfig(seed=-1), r"GAConfig.seed must be an integer >= 0, got -1"),
+    "control points strings": (lambda f: bezier.layer_scales([["a", "b"], ["c", "d"]], 30),
+                               r"control points must be numbers \(x, y\), shape \(n, 2\), got \[\['a'"),
     # tasks and data
     "unknown task": (lambda f: tasks.TaskConfig("qa"), r"unknown task 'qa'"),
     "kv source": (lambda f: tasks.TaskConfig("kv", 4, source="fle"), r"unknown KV source 'fle'"),
@@ -112,6 +125,12 @@ CASES = {
     "kv key space": (lambda f: data.generate_kv(9001, 1, key_format="digits4"), r"num_pairs=9001 .* \[2, 4500\]"),
     "kv num_pairs 1": (lambda f: data.generate_kv(1, 1), r"num_pairs must be an integer >= 2, got 1"),
     "kv n 0": (lambda f: data.generate_kv(4, 0), r"n must be an integer >= 1, got 0"),
+    "mdqa gold index float": (lambda f: data.mdqa_sample(_MDQA_RECORD, 2.5), r"gold_index must be an integer in \[0, 9\], got 2.5"),
+    "mdqa num_docs 0": (lambda f: data.mdqa_sample(_MDQA_RECORD, 0, num_docs=0), r"num_docs must be an integer in \[2, 20\] .* got 0"),
+    "mdqa num_docs too many": (lambda f: data.mdqa_sample(_MDQA_RECORD, 0, num_docs=21), r"\[2, 20\] .* got 21"),
+    "kv prompt no pairs": (lambda f: data.kv_prompt([], "abc"), r"at least one \(key, value\) pair, got \[\]"),
+    "kv prompt unknown key": (lambda f: data.kv_prompt([("abc", "1234")], "xyz"), r"key 'xyz' is not among the prompt's 1 keys"),
+    "passkey negative fillers": (lambda f: data.passkey_sample(-3, 0.5), r"num_fillers must be an integer >= 0, got -3"),
     "kv gold index": (lambda f: data.kv_sample(data.generate_kv(4, 1)[0], 9), r"gold_index 9 is outside \[0, 3\]"),
     "mdqa empty file": (lambda f: data.load_mdqa(data_dir=f["empty"]), r"nq-open.*holds no records"),
     "kv empty gzip": (lambda f: data.load_kv(data_dir=f["empty"]), r"kv-retrieval.*holds no records"),
@@ -128,6 +147,8 @@ CASES = {
     "kv value number": (lambda f: metrics.kv_correct("7219", 7219), r"gold value must be a string, got 7219"),
     "passkey negative": (lambda f: metrics.passkey_correct("12345", -5), r"non-negative integer or a string of digits, got -5"),
     "passkey letters": (lambda f: metrics.passkey_correct("12345", "abc"), r"got 'abc'"),
+    "subspan prediction None": (lambda f: metrics.best_subspan_em(None, ["Paris"]), r"prediction must be a string, got None"),
+    "subspan answers string": (lambda f: metrics.best_subspan_em("Paris", "Paris"), r"list of gold answers, got the string 'Paris'"),
     "prediction None": (lambda f: metrics.kv_correct(None, "7219"), r"prediction must be a string, got None"),
     "bootstrap nan": (lambda f: metrics.bootstrap_ci([1.0, float("nan")]), r"non-finite values at indices \[1\]"),
     "bootstrap empty": (lambda f: metrics.bootstrap_ci([]), r"non-empty 1-D"),
@@ -152,6 +173,12 @@ CASES = {
     "dynamic ntk factor": (lambda f: methods.DynamicNTK(factor=-1), r"factor must be a number >= 1, got -1"),
     "dynamic ntk window": (lambda f: methods.DynamicNTK(original_max_positions=0), r"integer >= 1, got 0"),
     "ms-poe order": (lambda f: methods.MsPoE(min_scale=2.0, max_scale=1.5), r"min_scale <= max_scale, got 2.0 > 1.5"),
+    "caliope without segments": (lambda f: methods.Caliope().context(models.load_model("tiny-llama"), 64, None),
+                                 r"CALIOPE-Moses needs each token's document segment .* got segments=None"),
+    "tail perplexity tail": (lambda f: benchmarks.tail_perplexity(
+        models.load_model("tiny-llama"), list(range(10)), 10), r"tail must be an integer in \[1, 9\] .* got 10"),
+    "window perplexity ragged": (lambda f: probes.window_perplexity(
+        models.load_model("tiny-llama"), [list(range(10)), list(range(8))]), r"one length >= 2, got lengths \[8, 10\]"),
     "caliope kind": (lambda f: methods.Caliope(kind="moon"), r"unknown CALIOPE calibrator 'moon'"),
     "lasp kind": (lambda f: methods.LASP("all"), r"unknown LASP variant 'all'"),
     "buckets base": (lambda f: methods.AttentionBuckets(bases=(10000.0, 0.5)), r"RoPE base must be > 1, got 0.5"),
@@ -214,3 +241,24 @@ def test_moice_refuses_a_model_with_a_base_per_attention_type():
 
     with pytest.raises(rope.UnsupportedModel, match="MoICE needs a single RoPE base"):
         MoICE().model_bases(models.load_model("tiny-gemma3"))
+
+
+def test_a_fitness_whose_every_prompt_was_skipped_says_so(tokenizer):
+    """on_overflow='skip' with prompts all longer than the model's window: not 'got []' positions."""
+    model = models.load_model("tiny-llama")
+    model.config.max_position_embeddings = 16  # every KV prompt of 4 pairs is longer
+    try:
+        samples = tasks.TaskConfig("kv", 4, n=1, key_format="letters6", value_format="digits4").samples()
+        fit = fitness.PositionFitness(model, tokenizer, samples, evaluate.EvalSettings(on_overflow="skip"))
+        with pytest.raises(ValueError, match=r"no evaluated samples to score \(3 skipped as longer than the model's positions\)"):
+            fit(np.ones((1, 4)))
+    finally:
+        model.config.max_position_embeddings = 2048
+
+
+def test_resume_refuses_a_checkpoint_of_another_target_curve(tmp_path):
+    """The issue's silent case: the old run's best fitness reported for a genome the new fitness scores differently."""
+    cfg, ckpt = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), tmp_path / "ga.json"
+    GeneticSearch(BezierSpace(6), TargetCurveFitness((1.5,) * 6), cfg, checkpoint=ckpt, progress=False).run()
+    with pytest.raises(ValueError, match="belongs to another search configuration or fitness"):
+        GeneticSearch(BezierSpace(6), TargetCurveFitness((1.1,) * 6), cfg, checkpoint=ckpt, progress=False).run()
