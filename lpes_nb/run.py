@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     parser.add_argument("--out", type=Path, help="run folder (default runs/<profile>)")
     parser.add_argument("--publish", action="store_true", help="copy the executed notebooks back over notebooks/")
+    parser.add_argument("--dry-run", action="store_true", help="print which notebooks would run with which parameters; run nothing")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter, e.g. -p backend ray -p workers 8 (a Python literal, else a string)")
     args = parser.parse_args(argv)
@@ -132,6 +133,12 @@ def main(argv: list[str] | None = None) -> None:
     notebooks = select(discover(args.notebooks), args.only, args.start)
     if not notebooks:
         print(f"[run] no numbered notebooks in {args.notebooks}/ — nothing to do")
+        return
+    if args.profile not in PROFILES:
+        raise ValueError(f"unknown profile {args.profile!r}; choose one of {sorted(PROFILES)}")
+    if args.dry_run:
+        print(f"[run] dry run, profile={args.profile}, parameters={parameters}: would run "
+              f"{' '.join(p.stem for p in notebooks)}", flush=True)
         return
     out_dir = args.out or Path("runs") / args.profile
     timings = run(notebooks, args.profile, out_dir, parameters)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job: notebooks 01-07 in order under papermill, on SmolLM2-135M (profile `cpu`).
-# Notebook 08 (the second model, Qwen2.5-Coder-0.5B) is its own job: scripts/run_second_model.sh.
-# Arguments go to `python -m lpes_nb.run` (a later --only replaces this one).
+# The main job: every numbered notebook (01-08) in order under papermill, profile `cpu` by default
+# (PROFILE=smoke|cpu|paper|...). Arguments go to `python -m lpes_nb.run`: --only 02 05, --from 03,
+# --publish, -p NAME VALUE, --dry-run.
 source "$(dirname "$0")/env.sh"
-python -m lpes_nb.models --prepare
-exec python -m lpes_nb.run --profile "${PROFILE:-cpu}" --only 01 02 03 04 05 06 07 "$@"
+python -m lpes_nb.models --prepare smollm2-135m qwen2.5-coder-0.5b
+exec python -m lpes_nb.run --profile "${PROFILE:-cpu}" "$@"

@@ -1,0 +1,74 @@
+"""The README is a tested contract: every fenced code block in it runs as written.
+
+Python blocks are executed in a fresh namespace each (from the repository root, on the embedded model
+they name: loading it takes under a second once converted). Every command of a bash block either runs
+(the runner's commands with ``--dry-run`` appended: they resolve their notebooks, profile and parameters
+and stop) or is in ``NOT_RUN_HERE`` with the reason it cannot run inside the test suite."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
+
+# commands that a test cannot run, and why; each must still name a program that exists
+NOT_RUN_HERE = {
+    "bash scripts/test.sh": "the test command itself (it is what runs this test)",
+    "ray start --head": "starts a Ray cluster head that outlives the test",
+}
+
+
+def blocks(language: str) -> list[str]:
+    return [body for lang, body in BLOCK.findall(README.read_text()) if lang == language]
+
+
+def commands() -> list[str]:
+    """Each command line of the bash blocks, without its trailing comment."""
+    out = []
+    for body in blocks("bash"):
+        for line in body.splitlines():
+            command = line.split(" #")[0].strip()
+            if command and not command.startswith("#"):
+                out.append(command)
+    return out
+
+
+def test_the_readme_has_code_blocks_of_both_kinds():
+    assert blocks("python") and commands()
+    languages = {lang for lang, _ in BLOCK.findall(README.read_text())}
+    assert languages <= {"python", "bash", "text"}, f"a block in a language this test does not run: {languages}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(blocks("python"))))
+def test_python_block_runs_as_written(index, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = blocks("python")[index]
+    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
+
+
+@pytest.mark.parametrize("command", commands())
+def test_bash_command_runs_or_is_named_with_a_reason(command):
+    words = shlex.split(command)
+    env_assignments = {}
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env_assignments[name] = value
+    if command in NOT_RUN_HERE or " ".join(words[:2]) in NOT_RUN_HERE:
+        program = words[1] if words[0] == "bash" else words[0]
+        assert (ROOT / program).is_file() or shutil.which(program) or shutil.which(program, path=str(Path(sys.executable).parent)), \
+            f"{command!r} names {program!r}, which does not exist"
+        return
+    assert words[:2] and words[0] == "bash" and (ROOT / words[1]).is_file(), f"{command!r}: not a script of this project"
+    env = {**os.environ, **env_assignments, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run([*words, "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command!r} --dry-run failed:\n{done.stdout}\n{done.stderr}"
+    assert "[run] dry run" in done.stdout
