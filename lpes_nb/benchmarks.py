@@ -122,7 +122,7 @@ def latency(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, M
     settings = EvalSettings(mode="generate", max_new_tokens=new_tokens, batch_size=1, stop_at_newline=False)
 
     def run(method):
-        evaluate_samples(model, tokenizer, samples, method=method, settings=settings, progress=False)
+        evaluate_samples(model, tokenizer, samples, method=method, settings=settings, progress=False, fixed_length=True)
 
     times = interleaved_times({name: (lambda m=m: run(m)) for name, m in methods.items()}, rounds)
     times["seconds_per_sample"] = times["seconds"] / len(samples)

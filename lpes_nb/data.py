@@ -225,17 +225,28 @@ _OBJECTS = ["apple", "football", "milk", "box", "key", "book"]
 _PLACES = ["kitchen", "garden", "hallway", "bathroom", "office", "bedroom"]
 
 
-def two_fact_sample(filler_sentences: list[str], depth: float, seed: int = 0, sample_id: int = 0) -> Sample:
+def two_fact_sample(filler_sentences: list[str], depth: float, seed: int = 0, sample_id: int = 0,
+                    gap: int | None = None) -> Sample:
     """A BABILong-qa2-style question: "X picked up the O." then "X went to the P." hidden in filler;
-    the answer (where the object is) needs both facts."""
+    the answer (where the object is) needs both facts.
+
+    ``gap=None`` is the first layout: fact 1 after a fraction depth/2 of the filler, fact 2 after a
+    fraction depth, so the facts' distance grows with the depth. With ``gap`` (filler sentences
+    between the facts) the two facts move together as one block whose start is at ``depth`` of the
+    remaining filler: only the position varies."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
+    n = len(filler_sentences)
+    if gap is not None and (isinstance(gap, bool) or not isinstance(gap, int) or not 0 <= gap <= n):
+        raise ValueError(f"gap must be None or an integer in [0, {n}] (the filler has {n} sentences), got {gap!r}")
     rng = random.Random(seed)
     name, obj, place = rng.choice(_NAMES), rng.choice(_OBJECTS), rng.choice(_PLACES)
     facts = [f"{name} picked up the {obj}.", f"{name} went to the {place}."]
-    n = len(filler_sentences)
-    cut1 = round(n * depth * 0.5)
-    cut2 = round(n * depth)
+    if gap is None:
+        cut1, cut2 = round(n * depth * 0.5), round(n * depth)
+    else:
+        cut1 = round((n - gap) * depth)
+        cut2 = cut1 + gap
     sentences = filler_sentences[:cut1] + [facts[0]] + filler_sentences[cut1:cut2] + [facts[1]] + filler_sentences[cut2:]
     context = " ".join(sentences)
     prompt = f"{context}\n\nQuestion: Where is the {obj}?\nAnswer: The {obj} is in the"

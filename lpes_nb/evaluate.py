@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .methods import Baseline, FixedSpecs, Method
 from .rope import RopeSpec
-from .tasks import TASKS
+from .tasks import TASKS, copy_columns
 
 # --- tokenisation -------------------------------------------------------------------------------
 
@@ -123,21 +123,35 @@ def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
                     segments: list[list[int]] | None = None) -> list[str]:
     """Greedy continuations (text), batched with left padding, each stopping at its first newline;
     ``method`` and ``segments`` as in :func:`score_targets` (the method's ``generate`` decodes)."""
+    return [text for text, _ in generate_answers(model, tokenizer, prompts, max_new_tokens, batch_size, stop_at_newline,
+                                                 progress, method, segments)]
+
+
+@torch.inference_mode()
+def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
+                     stop_at_newline: bool = True, progress: bool = False, method: Method | None = None,
+                     segments: list[list[int]] | None = None, fixed_length: bool = False) -> list[tuple[str, bool]]:
+    """:func:`greedy_generate`, with whether each answer ended by itself (a newline where the decoding
+    stops at one, or the end-of-sequence token) rather than by running out of ``max_new_tokens``.
+    ``fixed_length`` decodes exactly ``max_new_tokens`` whatever the model says (fixed work, for
+    latency tables)."""
     method = method or Baseline()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    texts: list[str] = [""] * len(prompts)
+    out: list[tuple[str, bool]] = [("", False)] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    # without the newline stop, decode exactly max_new_tokens (fixed work, e.g. for latency tables)
-    extra = dict(stop_strings=["\n"], tokenizer=tokenizer) if stop_at_newline else dict(min_new_tokens=max_new_tokens)
+    extra = dict(min_new_tokens=max_new_tokens) if fixed_length else {}
+    if stop_at_newline and not fixed_length:
+        extra.update(stop_strings=["\n"], tokenizer=tokenizer)
     for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
         ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
         with method.context(model, ids.shape[1], None if segments is None else [segments[i] for i in batch]):
             new = method.generate(model, ids, mask, max_new_tokens, pad_token_id=pad_id, **extra)
         for row, i in enumerate(batch):
-            text = tokenizer.decode(new[row], skip_special_tokens=True)
-            texts[i] = text[: text.index("\n") + 1] if stop_at_newline and "\n" in text else text
-    return texts
-
+            tokens = new[row].tolist()
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            ended = tokenizer.eos_token_id in tokens or (stop_at_newline and "\n" in text)
+            out[i] = (text[: text.index("\n") + 1] if stop_at_newline and "\n" in text else text, ended)
+    return out
 
 
 # --- evaluation of a task under a RoPE configuration -----------------------------------------------
@@ -150,7 +164,7 @@ class EvalSettings:
     batch_size: int = 8
     chat: bool = False
     on_overflow: str = "error"
-    stop_at_newline: bool = True  # generate mode: stop each answer at its first newline
+    stop_at_newline: bool = True  # generate mode: stop each answer at its first newline, else at the end-of-sequence token
 
     def __post_init__(self):
         if self.mode not in ("score", "generate"):
@@ -180,7 +194,8 @@ def token_segments(tokenizer, sample: Sample) -> list[int]:
 
 
 def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequence[RopeSpec | None] | None = None,
-                     settings: EvalSettings = EvalSettings(), progress: bool = True, method: Method | None = None) -> pd.DataFrame:
+                     settings: EvalSettings = EvalSettings(), progress: bool = True, method: Method | None = None,
+                     fixed_length: bool = False) -> pd.DataFrame:
     """One row per sample: task, position, sample, correct (+ gold_logprob or prediction).
 
     The model runs under per-layer ``specs`` or under a ``method`` from :mod:`lpes_nb.methods` (whose
@@ -219,15 +234,21 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
             rows[i]["skipped"] = False
     else:
         keep = [i for i in range(len(samples)) if fits[i]]
-        texts = greedy_generate(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens, settings.batch_size,
-                                settings.stop_at_newline, progress, method, None if segments is None else [segments[i] for i in keep])
+        answers = generate_answers(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens, settings.batch_size,
+                                   settings.stop_at_newline, progress, method,
+                                   None if segments is None else [segments[i] for i in keep], fixed_length)
         for row in rows:
             row.update(correct=0.0, prediction=None, skipped=True)
-        for i, text in zip(keep, texts):
+        for i, (text, ended) in zip(keep, answers):
             s = samples[i]
-            rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False)
+            rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False,
+                           truncated=not ended, **copy_columns(s, text))
     df = pd.DataFrame(rows)
     skipped = int(df["skipped"].sum())
+    truncated = int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0
+    if truncated:
+        print(f"[evaluate] {truncated} of {len(df)} answers ran out of max_new_tokens={settings.max_new_tokens} before "
+              "ending (column 'truncated'); they are judged on what was generated")
     if skipped:
         print(f"[evaluate] skipped {skipped} of {len(df)} samples longer than the model's positions")
     out = df[~df["skipped"]].drop(columns="skipped").reset_index(drop=True)

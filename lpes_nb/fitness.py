@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
-from .metrics import accuracy_table, u_shape_rho
+from .metrics import accuracy_table, minimum_detectable_effect, u_shape_rho
 from .models import model_fingerprint
 from .results import ResultCache, cache_key
 from .rope import scale_specs
@@ -21,15 +21,20 @@ from .rope import scale_specs
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
 
 
+def relative_positions(df: pd.DataFrame) -> np.ndarray:
+    """Each sample's gold position relative to its context: position / (num_items − 1), 0 = first, 1 = last."""
+    return df["position"].to_numpy(dtype=float) / (df["num_items"].to_numpy(dtype=float) - 1)
+
+
 def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **labels) -> pd.DataFrame:
-    """The summary every study reports for one evaluated setting: accuracy by gold position (n,
-    mean, 95 % CI), ρ(δ, a), the λ-fitness (NaN unless there are exactly 3 positions), mean prompt
-    tokens, and the ``labels`` (method, task, ...) as leading columns."""
+    """The summary every study reports for one evaluated setting: accuracy by gold position (n, mean,
+    Wilson 95 % CI), CALIOPE's ρ(δ, a) over the samples, the λ-fitness (NaN unless there are exactly 3
+    positions), mean prompt tokens, and the ``labels`` (method, task, ...) as leading columns."""
     table = accuracy_table(df, by="position")
     for i, (name, value) in enumerate(labels.items()):
         table.insert(i, name, value)
     table["prompt_tokens"] = df.groupby("position")["prompt_tokens"].mean().to_numpy().round()
-    table["rho"] = u_shape_rho(table["position"], table["mean"]) if len(table) >= 3 else np.nan
+    table["rho"] = u_shape_rho(relative_positions(df), df["correct"]) if len(table) >= 3 else np.nan
     table["fitness"] = weighted_fitness(df, lambdas) if len(table) == 3 else np.nan
     return table
 
@@ -46,23 +51,36 @@ def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> fl
 
 
 def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: str, lambdas: Sequence[float] = LAMBDAS,
-                              n_boot: int = 2000, seed: int = 0) -> dict:
-    """λ-fitness of ``method`` minus ``reference`` on the same samples, with a 95 % paired bootstrap
-    interval (samples redrawn within each gold position, both methods' results of a sample kept
-    together): much tighter than comparing two separate intervals."""
-    wide = per_sample.pivot_table(index=["position", "sample"], columns="method", values="correct").astype(float)
+                              n_boot: int = 4000, seed: int = 0) -> dict:
+    """λ-fitness of ``method`` minus ``reference`` on the same records, with a 95 % bootstrap interval
+    clustered by record: a record (``sample``) is drawn with all its gold positions and both methods'
+    outcomes, since the same record appears at every position. Also the bootstrap SE, the minimum
+    detectable effect at 80 % power (two-sided 5 %), and the number of records."""
+    wide = per_sample.pivot_table(index=["sample", "position"], columns="method", values="correct").astype(float)
     missing = {method, reference} - set(wide.columns)
     if missing:
         raise ValueError(f"no per-sample results for {sorted(missing)}; have {list(wide.columns)}")
-    diff = (wide[method] - wide[reference]).rename("diff").reset_index()
-    groups = [g["diff"].to_numpy() for _, g in diff.groupby("position", sort=True)]
-    if len(groups) != 3:
-        raise ValueError(f"the fitness needs exactly 3 gold positions, got {len(groups)}")
+    diff = (wide[method] - wide[reference]).unstack("position").sort_index(axis=1)  # records × positions
+    if diff.shape[1] != 3:
+        raise ValueError(f"the fitness needs exactly 3 gold positions, got {list(diff.columns)}")
+    d = diff.to_numpy()
     rng = np.random.default_rng(seed)
-    boot = sum(lam * g[rng.integers(0, len(g), size=(n_boot, len(g)))].mean(axis=1) for lam, g in zip(lambdas, groups))
-    point = sum(lam * g.mean() for lam, g in zip(lambdas, groups))
-    return {"method": method, "reference": reference, "difference": float(point),
-            "ci_low": float(np.quantile(boot, 0.025)), "ci_high": float(np.quantile(boot, 0.975))}
+    draws = d[rng.integers(0, len(d), size=(n_boot, len(d)))]  # (boot, records, positions)
+    boot = np.nanmean(draws, axis=1) @ np.asarray(lambdas, dtype=float)
+    point = float(np.nanmean(d, axis=0) @ np.asarray(lambdas, dtype=float))
+    se = float(np.std(boot, ddof=1))
+    return {"method": method, "reference": reference, "difference": point,
+            "ci_low": float(np.quantile(boot, 0.025)), "ci_high": float(np.quantile(boot, 0.975)),
+            "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d)}
+
+
+def paired_differences(per_sample: pd.DataFrame, references: Sequence[str] = ("baseline", "PI"),
+                       lambdas: Sequence[float] = LAMBDAS) -> pd.DataFrame:
+    """:func:`paired_fitness_difference` of every other method against each reference present."""
+    methods = list(dict.fromkeys(per_sample["method"]))
+    rows = [paired_fitness_difference(per_sample, m, ref, lambdas)
+            for ref in references if ref in methods for m in methods if m != ref]
+    return pd.DataFrame(rows)
 
 
 class PositionFitness:

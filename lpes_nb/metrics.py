@@ -1,4 +1,5 @@
-"""Metrics: the original task metrics, the U-shape score and bootstrap confidence intervals."""
+"""Metrics: the original task metrics, CALIOPE's U-shape score, exact intervals for accuracies, the bootstrap
+for other means, and the smallest effect a comparison can detect."""
 
 from __future__ import annotations
 
@@ -75,16 +76,69 @@ def perplexity(total_nll: float, num_tokens: int) -> float:
     return math.exp(total_nll / num_tokens)
 
 
-def u_shape_rho(positions: Sequence[float], accuracies: Sequence[float]) -> float:
-    """CALIOPE's ρ(δ, a) × 100: Pearson correlation between the distance of each gold position from
-    the middle of the context and the accuracy there. Positive: the middle is worst (U-shape)."""
-    pos, acc = np.asarray(positions, float), np.asarray(accuracies, float)
-    if len(pos) != len(acc) or len(pos) < 3:
-        raise ValueError(f"need matching positions and accuracies, at least 3; got {len(pos)} and {len(acc)}")
-    delta = np.abs(pos - (pos.min() + pos.max()) / 2)
-    if np.std(delta) == 0 or np.std(acc) == 0:
-        return 0.0  # flat accuracy (or a single distance): no U-shape to speak of
-    return float(np.corrcoef(delta, acc)[0, 1] * 100)
+def relative_distance_from_middle(relative_positions) -> np.ndarray:
+    """CALIOPE's Eq. 1, δ = |t − 0.5T| / 0.5T, for positions given relative to the context (t / T in
+    [0, 1]): 0 in the middle, 1 at either border."""
+    rel = np.asarray(relative_positions, dtype=float)
+    if rel.ndim != 1 or not np.isfinite(rel).all() or ((rel < 0) | (rel > 1)).any():
+        raise ValueError(f"relative positions must be finite numbers in [0, 1] (0 = first, 1 = last), got {rel.tolist()[:10]}")
+    return np.abs(rel - 0.5) / 0.5
+
+
+def u_shape_rho(relative_positions: Sequence[float], outcomes: Sequence[float]) -> float:
+    """CALIOPE's ρ(δ, a) × 100 (Sec. 3, Eq. 1, Table 2): the Pearson correlation over *samples* between
+    each sample's distance of its gold item from the middle, δ, and its own outcome (1/0 or a score).
+    Positive: the middle is worst (a U); near 0: no position bias of that shape; negative: an inverted U.
+    A primacy or recency curve gives a small |ρ| — ρ measures the U, not a position effect in general.
+    NaN where it is undefined (all samples at one distance, or every outcome equal)."""
+    out = np.asarray(outcomes, dtype=float)
+    delta = relative_distance_from_middle(relative_positions)
+    if len(delta) != len(out) or len(out) < 3:
+        raise ValueError(f"need one outcome per sample and at least 3 samples; got {len(delta)} positions and {len(out)} outcomes")
+    if not np.isfinite(out).all():
+        raise ValueError("outcomes must be finite numbers")
+    if np.ptp(delta) == 0 or np.ptp(out) == 0:
+        return float("nan")
+    return float(np.corrcoef(delta, out)[0, 1] * 100)
+
+
+def proportion_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """(low, high): the Wilson score interval of a proportion k/n (scipy's binomtest). Never of zero
+    width, also at 0/n and n/n (0/30 gives [0, 11.4 %]), unlike a percentile bootstrap."""
+    from scipy.stats import binomtest
+
+    for name, value in (("k", k), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"proportion_ci: {name} must be an integer, got {value!r}")
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"proportion_ci needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def minimum_detectable_effect(standard_error: float, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest true difference a two-sided test at level ``alpha`` detects with probability
+    ``power``, given the standard error of the estimated difference: (z_{1−α/2} + z_power) · SE."""
+    from scipy.stats import norm
+
+    if not (np.isfinite(standard_error) and standard_error >= 0):
+        raise ValueError(f"standard_error must be a finite number >= 0, got {standard_error!r}")
+    if not 0 < power < 1 or not 0 < alpha < 1:
+        raise ValueError(f"power and alpha must be in (0, 1), got power={power!r}, alpha={alpha!r}")
+    return float((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * standard_error)
+
+
+def planned_lambda_se(n_per_position: int, discordance: float = 0.3, lambdas: Sequence[float] = (0.2, 0.3, 0.5)) -> float:
+    """For planning a test set before it exists: the SE of a paired λ-score difference with
+    ``n_per_position`` records, when each record's outcome differs between the two methods with
+    probability ``discordance`` at every position (so Var(d) ≤ discordance), positions independent."""
+    if isinstance(n_per_position, bool) or not isinstance(n_per_position, (int, np.integer)) or n_per_position < 1:
+        raise ValueError(f"n_per_position must be an integer >= 1, got {n_per_position!r}")
+    if not 0 < discordance <= 1:
+        raise ValueError(f"discordance must be in (0, 1], got {discordance!r}")
+    return float(np.sqrt(discordance * np.sum(np.square(lambdas)) / n_per_position))
 
 
 def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
@@ -102,11 +156,22 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, confidence: float 
     return float(v.mean()), float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
+def is_binary(values) -> bool:
+    v = np.asarray(values, dtype=float)
+    return bool(np.isin(v, (0.0, 1.0)).all())
+
+
 def accuracy_table(df: pd.DataFrame, by: str | list[str] = "position", value: str = "correct", seed: int = 0) -> pd.DataFrame:
-    """n, mean and 95 % bootstrap CI of ``value`` per group."""
+    """n, mean and 95 % CI of ``value`` per group: the Wilson interval where the values are 0/1
+    (accuracies), the percentile bootstrap of the mean otherwise."""
     rows = []
     for key, group in df.groupby(by, sort=True):
-        mean, lo, hi = bootstrap_ci(group[value].to_numpy(), seed=seed)
+        values = group[value].to_numpy(dtype=float)
+        if is_binary(values):
+            mean = float(values.mean())
+            lo, hi = proportion_ci(int(values.sum()), len(values))
+        else:
+            mean, lo, hi = bootstrap_ci(values, seed=seed)
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip([by] if isinstance(by, str) else by, key)), "n": len(group), "mean": mean, "ci_low": lo, "ci_high": hi})
     return pd.DataFrame(rows)

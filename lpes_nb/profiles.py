@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 from .evaluate import EvalSettings
 from .ga import GAConfig
+from .position_map import MapModel, PositionMap
 from .tasks import TaskConfig
 
 
@@ -179,6 +180,7 @@ class Profile(_Checked):
     rsm: Rsm
     benchmarks: Benchmarks
     second: SecondModel
+    position_map: PositionMap  # notebook 9
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -200,6 +202,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            test=TaskConfig("two_fact", 4, n=3, seed=2),
                            ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1),
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=2, bench_n=2),
+        position_map=PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96, 192), mdqa_docs=(5,)),
+                                         MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=())), n=2),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
@@ -235,6 +239,12 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            search=TaskConfig("two_fact", 10, n=4, seed=1), test=TaskConfig("two_fact", 10, n=20, seed=2),
                            ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=1),
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=5),
+        # n = 30 records per cell and position; SmolLM2 in float32 (the committed run's dtype), Qwen in
+        # bf16 (notebook 8's, with its measured agreement). Lengths as far as this session's CPU budget
+        # reached (README: ~12 s per 4k-token SmolLM2 prompt, 150 prompts a cell).
+        position_map=PositionMap(models=(MapModel("smollm2-135m", "float32", lengths=(256, 512, 1024, 2048), mdqa_docs=(10, 20)),
+                                         MapModel("qwen2.5-coder-0.5b", "bfloat16", lengths=(256, 512, 1024), mdqa_docs=(10,))),
+                                 n=30),
     ),
     Profile(
         # Vicuna-7B-v1.5-16k: 75 UUID pairs are ~5.5k tokens, beyond the 4k window of Vicuna-7B-v1.5
@@ -260,6 +270,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            calibration=(TaskConfig("two_fact", 20, n=100, seed=100), TaskConfig("two_fact", 100, n=100, seed=100)),
                            search=TaskConfig("two_fact", 100, n=50, seed=1), test=TaskConfig("two_fact", 100, n=300, seed=2),
                            ga=GAConfig(), ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=50, bench_n=100),
+        # the papers' regime: prompts filling 25-75 % of Vicuna-7B-v1.5-16k's window
+        position_map=PositionMap(models=(MapModel("lmsys/vicuna-7b-v1.5-16k", "bfloat16", lengths=(1024, 2048, 4096, 8192, 12288),
+                                                  mdqa_docs=(10, 20)),), n=100, batch_size=16),
     ),
 )}
 
@@ -286,6 +299,7 @@ def _paper_dry(paper: Profile) -> Profile:
         second=replace(second, model="paper-dry-llama", calibration=tuple(replace(c, n=1) for c in second.calibration),
                        search=replace(second.search, n=1), test=replace(second.test, n=6), ga=small_ga, agreement_n=1,
                        bench_n=1),
+        position_map=replace(paper.position_map, n=1),
     )
 
 

@@ -26,6 +26,24 @@ def last_token_states(model, tokenizer, prompts: Sequence[str], specs=None) -> n
     return np.stack(out, axis=1)
 
 
+def layer_rsm(states: np.ndarray) -> np.ndarray:
+    """LPES Eq. 12, one matrix per input: RSM_ij = H_i · H_j over the L layers' last-token hidden
+    states. ``states`` as :func:`last_token_states` returns them, [layers, inputs, hidden];
+    the result is [inputs, L, L]."""
+    per_input = np.transpose(np.asarray(states, dtype=np.float64), (1, 0, 2))
+    return per_input @ per_input.transpose(0, 2, 1)
+
+
+def structure_deviation(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """LPES Eq. 13 per input: D = (1/L²) Σ_ij |RSM_ij(other) − RSM_ij(reference)|, from the two
+    models' last-token states ([layers, inputs, hidden], the same inputs in the same order). One
+    value per input, so that it can carry an interval."""
+    reference, other = np.asarray(reference), np.asarray(other)
+    if reference.shape != other.shape or reference.ndim != 3:
+        raise ValueError(f"need two [layers, inputs, hidden] arrays of one shape, got {reference.shape} and {other.shape}")
+    return np.abs(layer_rsm(other) - layer_rsm(reference)).mean(axis=(1, 2))
+
+
 def rsm(states: np.ndarray) -> np.ndarray:
     """Representational similarity matrices per layer: cosine H_i · H_j over prompts, [layers, N, N]."""
     unit = states / np.linalg.norm(states, axis=-1, keepdims=True)

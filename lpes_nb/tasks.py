@@ -21,7 +21,7 @@ from .data import (
     positions_for,
     two_fact_sample,
 )
-from .metrics import kv_correct, mdqa_correct, passkey_correct
+from .metrics import kv_correct, mdqa_correct, normalize_answer, passkey_correct
 
 
 @dataclass(frozen=True)
@@ -79,30 +79,88 @@ def _mdqa(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
 
 def _passkey(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
     depths = [p / (cfg.num_items - 1) for p in positions]
-    return [replace(passkey_sample(cfg.num_items, d, cfg.seed + i, i), position=p)
+    return [replace(passkey_sample(cfg.num_items, d, cfg.seed + i, i), position=p, num_items=cfg.num_items)
             for p, d in zip(positions, depths) for i in range(cfg.n)]
 
 
 def _two_fact(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
     depths = [p / (cfg.num_items - 1) for p in positions]
     sentences = book_sentences(long_text(data_dir))
-    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i), position=p)
+    # position and num_items as the config counts them (its gold index among num_items), so that
+    # position / (num_items - 1) is the depth
+    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i),
+                    position=p, num_items=cfg.num_items)
             for p, d in zip(positions, depths) for i in range(cfg.n)]
+
+
+def _two_fact_block(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    depths = [p / (cfg.num_items - 1) for p in positions]
+    sentences = book_sentences(long_text(data_dir))
+    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i,
+                                    gap=TWO_FACT_GAP), task="two_fact_block", position=p, num_items=cfg.num_items)
+            for p, d in zip(positions, depths) for i in range(cfg.n)]
+
+
+def _kv_value(sample: Sample, item: int) -> str:
+    start, end = sample.spans[item]
+    return sample.prompt[start:end].split('": "', 1)[1].rstrip('"')
+
+
+def _mdqa_title(sample: Sample, item: int) -> str:
+    start, end = sample.spans[item]
+    return sample.prompt[start:end].split("(Title: ", 1)[1].split(") ", 1)[0]
 
 
 @dataclass(frozen=True)
 class Task:
-    """A kind of task: how a :class:`TaskConfig` builds its samples (at the given gold positions) and
-    whether a generated answer is correct (the task's metric)."""
+    """A kind of task: how a :class:`TaskConfig` builds its samples (at the given gold positions),
+    whether a generated answer is correct (the task's metric), how the original evaluation generates
+    (``answer_tokens`` new tokens; ``first_line``: judged on the answer's first line, else on all of
+    it), and ``item_text``: what of a context item an answer would hold if it copied that item instead
+    of retrieving the gold one (None where the context has no such items)."""
 
     build: Callable[[TaskConfig, list[int], str | Path | None], list[Sample]]
     correct: Callable[[str, tuple[str, ...]], float]
+    answer_tokens: int
+    first_line: bool
+    item_text: Callable[[Sample, int], str] | None = None
+
+    def settings(self, batch_size: int = 8):
+        """Generate-mode settings that judge this task as its original evaluation does."""
+        from .evaluate import EvalSettings  # evaluate judges through TASKS: imported here, not at the top
+
+        return EvalSettings(mode="generate", max_new_tokens=self.answer_tokens, batch_size=batch_size,
+                            stop_at_newline=self.first_line)
 
 
-# A new task is one entry here.
+TWO_FACT_GAP = 2  # filler sentences between the two facts of "two_fact_block", whatever the depth
+
+# A new task is one entry here. Judging as the original evaluations: MDQA (lost-in-the-middle) decodes
+# up to 100 tokens and takes best_subspan_em of the first line; KV (lost-in-the-middle) looks for the
+# value anywhere in the answer (so a copy of the context can contain it: see copy_columns); passkey and
+# two-fact take the answer's first line (a number; the place that completes "The <object> is in the").
 TASKS: dict[str, Task] = {
-    "kv": Task(_kv, lambda pred, answers: kv_correct(pred, answers[0])),
-    "mdqa": Task(_mdqa, mdqa_correct),
-    "passkey": Task(_passkey, lambda pred, answers: passkey_correct(pred, answers[0])),
-    "two_fact": Task(_two_fact, lambda pred, answers: kv_correct(pred, answers[0])),
+    "kv": Task(_kv, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=32, first_line=False,
+               item_text=_kv_value),
+    "mdqa": Task(_mdqa, mdqa_correct, answer_tokens=100, first_line=True, item_text=_mdqa_title),
+    "passkey": Task(_passkey, lambda pred, answers: passkey_correct(pred, answers[0]), answer_tokens=16, first_line=True),
+    # the first layout: fact 1 at depth/2 and fact 2 at depth, so their distance grows with the depth
+    # (position and distance confounded); kept because notebook 8's stored results use it
+    "two_fact": Task(_two_fact, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=16, first_line=True),
+    # the facts TWO_FACT_GAP sentences apart, moved together as one block: only the position varies
+    "two_fact_block": Task(_two_fact_block, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=16,
+                           first_line=True),
 }
+
+
+def copy_columns(sample: Sample, prediction: str) -> dict[str, float]:
+    """The copy control of one answer: whether it holds the first (``copies_first``) and the last
+    (``copies_last``) context item's text (a KV value, an MDQA title), whatever the gold position. A
+    "primacy" whose answers hold the first item also where the gold one is elsewhere is copying, not
+    retrieval. Empty for tasks without such items."""
+    item_text = TASKS[sample.task].item_text
+    if item_text is None or not sample.spans:
+        return {}
+    answer = normalize_answer(prediction)
+    return {f"copies_{which}": float(normalize_answer(item_text(sample, i)) in answer)
+            for which, i in (("first", 0), ("last", len(sample.spans) - 1))}

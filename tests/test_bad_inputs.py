@@ -154,7 +154,11 @@ CASES = {
     "bootstrap empty": (lambda f: metrics.bootstrap_ci([]), r"non-empty 1-D"),
     "bootstrap confidence": (lambda f: metrics.bootstrap_ci([1.0], confidence=95), r"0 < confidence < 1 .* got confidence=95"),
     "perplexity tokens": (lambda f: metrics.perplexity(3.0, 0), r"at least one token, got 0"),
-    "rho lengths": (lambda f: metrics.u_shape_rho([0, 1], [0.5, 0.5]), r"at least 3; got 2 and 2"),
+    "rho lengths": (lambda f: metrics.u_shape_rho([0, 1], [0.5, 0.5]), r"at least 3 samples; got 2 positions and 2 outcomes"),
+    "rho positions": (lambda f: metrics.u_shape_rho([0, 5, 9], [1.0, 0.0, 1.0]), r"relative positions must be finite numbers in \[0, 1\]"),
+    "proportion k > n": (lambda f: metrics.proportion_ci(31, 30), r"0 <= k <= n and n >= 1, got k=31, n=30"),
+    "mde negative se": (lambda f: metrics.minimum_detectable_effect(-0.1), r"standard_error must be a finite number >= 0, got -0.1"),
+    "two-fact gap": (lambda f: data.two_fact_sample(["A long filler sentence."] * 4, 0.5, gap=9), r"gap must be None or an integer in \[0, 4\]"),
     # evaluation settings and results
     "batch size 0": (lambda f: evaluate.EvalSettings(batch_size=0), r"batch_size must be an integer >= 1, got 0"),
     "max new tokens": (lambda f: evaluate.EvalSettings(max_new_tokens=-1), r"max_new_tokens must be an integer >= 1, got -1"),
