@@ -13,7 +13,6 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
-from .fitness import position_table
 from .methods import (
     CALIOPE_KINDS,
     LASP,
@@ -83,22 +82,9 @@ def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping
     return pd.concat(tables, ignore_index=True)
 
 
-def benchmark_table(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
-                    params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
-    """Accuracy by gold position (n, mean, 95 % CI), ρ(δ, a) and λ-fitness for every method (per-sample
-    results cached as in :func:`method_samples`)."""
-    return position_tables(method_samples(model, tokenizer, samples, methods, name, params, profile, settings, progress))
-
-
-def position_tables(per_sample: pd.DataFrame) -> pd.DataFrame:
-    """:func:`~lpes_nb.fitness.position_table` of each method of a :func:`method_samples` table."""
-    return pd.concat([position_table(g.drop(columns="method"), method=label)
-                      for label, g in per_sample.groupby("method", sort=False)], ignore_index=True)
-
-
 def summary_table(acc: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
     """One row per method: "mean [CI low, CI high]" in % per task and gold position, then ρ and the
-    λ-fitness per task (``acc``: concatenated :func:`benchmark_table` outputs with a ``task`` column)."""
+    λ-fitness per task (``acc``: position tables of :func:`method_samples` outputs with a ``task`` column)."""
     pct = lambda v: (100 * v).round().astype(int).astype(str)  # noqa: E731
     cells = acc.assign(cell=pct(acc["mean"]) + " [" + pct(acc.ci_low) + ", " + pct(acc.ci_high) + "]",
                        column=acc.task + " gold@" + acc.position.astype(str))

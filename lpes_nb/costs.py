@@ -108,8 +108,9 @@ def work_units(p: Profile, layers: int) -> dict[str, float]:
         "probe_masking_recall": p.probes.recall_n * (layers + 1),
         "attention_entropy_length": 1, "attention_by_scale": 1, "attention_rope_removal": 1,
         "attention_layer_ranges": p.attention.range_n * blocks, "rsm_deviation": p.rsm.prompts * len(p.rsm.seeds),
+        "structure_deviation": p.rsm.prompts * len(p.rsm.seeds),  # rsm_deviation's successor (same forwards)
         "GA search": ga(p.ga, p.search.n), "second GA search": ga(p.second.ga, p.second.search.n),
-        "search_test_eval": p.test.n,
+        "search_test_eval": p.test.n, "search_test_samples": p.test.n,  # the second: per-sample successor
         # the gradient search's steps dominate its test-set evaluation (a single method)
         "search_gradient": p.gradient.steps * p.gradient.batch_size,
         "search_ablations": ga(p.ablation.ga, p.ablation.n),

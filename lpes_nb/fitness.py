@@ -39,6 +39,12 @@ def position_table(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, **label
     return table
 
 
+def position_tables(per_sample: pd.DataFrame) -> pd.DataFrame:
+    """:func:`position_table` of each method of a per-sample table with a ``method`` column."""
+    return pd.concat([position_table(g.drop(columns="method"), method=label)
+                      for label, g in per_sample.groupby("method", sort=False)], ignore_index=True)
+
+
 def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
     """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last."""
     if df.empty:
@@ -48,6 +54,13 @@ def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> fl
     if len(acc) != 3:
         raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")
     return float(np.dot(lambdas, acc.to_numpy()))
+
+
+def fitness_se(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
+    """Standard error of :func:`weighted_fitness` from its samples: sqrt(Σ λ² p (1 − p) / n) over the
+    three positions. How finely a search set of this size can tell two individuals apart."""
+    g = df.groupby("position")["correct"].agg(["mean", "count"]).sort_index()
+    return float(np.sqrt(np.sum(np.square(lambdas) * g["mean"] * (1 - g["mean"]) / g["count"])))
 
 
 def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: str, lambdas: Sequence[float] = LAMBDAS,

@@ -51,16 +51,19 @@ def save(fig, name: str, profile: str) -> None:
 
 
 def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str | None = None, relative: bool = False):
-    """Accuracy vs gold position with 95 % CI bars, one line per label (tables from accuracy_table).
+    """Accuracy (%) vs gold position with 95 % CI bars, one line per label (tables from accuracy_table).
     ``relative`` puts the position on [0, 1] (needs a ``num_items`` column) to compare context sizes."""
     ax = ax or plt.subplots()[1]
-    for label, t in tables.items():
+    span = 1.0 if relative else max(float(t["position"].max()) for t in tables.values()) or 1.0
+    for k, (label, t) in enumerate(tables.items()):
         x = t["position"] / (t["num_items"] - 1) if relative else t["position"]
-        yerr = np.vstack([t["mean"] - t["ci_low"], t["ci_high"] - t["mean"]])
-        ax.errorbar(x, t["mean"], yerr=yerr, marker="o", capsize=3, label=label)
+        # a small sideways offset per series, so that equal values and their intervals stay apart
+        x = x + (k - (len(tables) - 1) / 2) * 0.012 * span
+        yerr = 100 * np.vstack([t["mean"] - t["ci_low"], t["ci_high"] - t["mean"]])
+        ax.errorbar(x, 100 * t["mean"], yerr=yerr, marker="o", capsize=3, label=label)
     ax.set_xlabel("relative gold position (0 = first, 1 = last)" if relative else "gold position (0 = first)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("accuracy (%), 95 % CI")
+    ax.set_ylim(-3, 103)
     if title:
         ax.set_title(title)
     if len(tables) > 1:
@@ -98,9 +101,15 @@ def heatmap(matrix, ax=None, xlabels=None, ylabels=None, cbar_label: str = "", t
     return ax
 
 
-def convergence(summary: pd.DataFrame, ax=None, title: str | None = None):
-    """GA best / mean-of-best-4 / population mean fitness by generation."""
+def convergence(summary: pd.DataFrame, ax=None, title: str | None = None, reference: tuple[float, float] | None = None):
+    """GA best / mean-of-best-4 / population mean fitness by generation; ``reference`` = (fitness,
+    SE) of the unmodified model on the same search set, drawn as a line with a ±1 SE band (the best
+    individual rises by elitism alone: the question is whether it clears this line)."""
     ax = ax or plt.subplots()[1]
+    if reference is not None:
+        value, se = reference
+        ax.axhspan(value - se, value + se, color="0.85", zorder=0)
+        ax.axhline(value, color="k", ls="--", lw=1, label=f"unmodified model ({value:.3f} ± {se:.3f} SE)")
     for column, label in (("best", "best"), ("mean_best_4", "mean of best 4"), ("mean", "population mean")):
         ax.plot(summary["generation"], summary[column], marker=".", label=label)
     ax.set_xlabel("generation")
@@ -153,4 +162,63 @@ def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
     ax.set_xlabel("inference time / baseline (bar: median, whisker: min-max over rounds)")
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
+    return fig
+
+
+def paired_differences(diffs: pd.DataFrame, title: str, ax=None):
+    """Paired Δλ of each method against each reference with its 95 % interval (rows of
+    :func:`lpes_nb.fitness.paired_differences`), one panel row per reference, zero marked; the
+    minimum detectable effect (80 % power) as a grey band around zero."""
+    refs = list(dict.fromkeys(diffs["reference"]))
+    if ax is None:
+        fig, axes = plt.subplots(1, len(refs), figsize=(4.2 * len(refs), 0.45 * diffs["method"].nunique() + 1.4),
+                                 sharex=True, squeeze=False)
+        axes = axes[0]
+    else:
+        fig, axes = ax.figure, [ax]
+    for a, ref in zip(axes, refs):
+        d = diffs[diffs["reference"] == ref].reset_index(drop=True)
+        y = np.arange(len(d))
+        mde = d["mde_80"].median()
+        a.axvspan(-mde, mde, color="0.88", zorder=0, label=f"±MDE (80 % power) ≈ {mde:.2f}")
+        a.axvline(0, color="k", lw=0.8)
+        a.errorbar(d["difference"], y, xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
+                   fmt="o", capsize=3, color="#0072B2")
+        a.set_yticks(y, d["method"])
+        a.invert_yaxis()
+        a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)")
+        a.legend(loc="lower right", fontsize=7.5)
+    fig.suptitle(title)
+    return fig
+
+
+def position_length_heatmaps(table: pd.DataFrame, title: str):
+    """The position × length map: one panel per (model, task), accuracy in % by relative gold position
+    (x) and prompt length (y), each cell annotated with its accuracy and 95 % interval."""
+    panels = list(table.groupby(["model", "dtype", "task"], sort=False).groups)
+    models = list(dict.fromkeys(m for m, _, _ in panels))
+    tasks = list(dict.fromkeys(t for _, _, t in panels))
+    fig, axes = plt.subplots(len(models), len(tasks), figsize=(3.6 * len(tasks), 0.55 * table.length_tokens.nunique() + 2.4 * len(models)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for model, dtype, task in panels:
+        ax = axes[models.index(model), tasks.index(task)]
+        ax.set_visible(True)
+        t = table[(table.model == model) & (table.task == task)]
+        acc = t.pivot_table(index="length_tokens", columns="relative_position", values="accuracy") * 100
+        lo = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_low") * 100
+        hi = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_high") * 100
+        im = ax.imshow(acc.to_numpy(), aspect="auto", origin="lower", vmin=0, vmax=100, cmap="viridis")
+        ax.grid(False)
+        ax.set_xticks(range(acc.shape[1]), [f"{c:g}" for c in acc.columns])
+        ax.set_yticks(range(acc.shape[0]), [str(i) for i in acc.index])
+        for (i, j), v in np.ndenumerate(acc.to_numpy()):
+            ax.text(j, i, f"{v:.0f}\n[{lo.iat[i, j]:.0f}–{hi.iat[i, j]:.0f}]", ha="center", va="center", fontsize=6.5,
+                    color="white" if v < 55 else "black")
+        ax.set_title(f"{model} ({dtype})\n{task}", fontsize=9)
+        ax.set_xlabel("gold position (0 = first, 1 = last)")
+        ax.set_ylabel("prompt tokens")
+    fig.colorbar(im, ax=axes, label="accuracy (%)", shrink=0.8)
+    fig.suptitle(title)
     return fig

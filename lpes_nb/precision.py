@@ -9,7 +9,7 @@ import pandas as pd
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
-from .metrics import bootstrap_ci
+from .metrics import proportion_ci
 
 
 def agreement(models: dict[str, object], tokenizer, samples: Sequence[Sample], settings: EvalSettings) -> pd.DataFrame:
@@ -25,12 +25,12 @@ def agreement(models: dict[str, object], tokenizer, samples: Sequence[Sample], s
 
 
 def agreement_summary(per_sample: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy in each dtype, and the share of samples judged the same (with a 95 % CI) and, where
+    """Accuracy in each dtype, and the share of samples judged the same (with its Wilson 95 % CI) and, where
     there are predictions, answered with the same text."""
     dtypes = [c.removeprefix("correct_") for c in per_sample.columns if c.startswith("correct_")]
     a, b = (per_sample[f"correct_{d}"] for d in dtypes)
     same = (a == b).astype(float)
-    _, low, high = bootstrap_ci(same.to_numpy())
+    low, high = proportion_ci(int(same.sum()), len(same))
     row = {"n": len(per_sample), **{f"accuracy {d}": per_sample[f"correct_{d}"].mean() for d in dtypes},
            "same correctness": same.mean(), "ci_low": low, "ci_high": high}
     if all(f"prediction_{d}" in per_sample for d in dtypes):

@@ -1,6 +1,6 @@
-"""The representation study (notebook 4): how far per-layer scales move the last token's hidden
-states, as the layer-wise deviation of representational similarity matrices (RSM) from the
-unmodified model, for a Bézier curve and its uniform / noisy / shuffled / random variants."""
+"""The representation study (notebook 4): how far per-layer scales move the model's layer-wise
+representational structure (LPES Eq. 12-13: per input, the L×L dot products of every layer's
+last-token hidden state), for a Bézier curve and its uniform / noisy / shuffled / random variants."""
 
 from __future__ import annotations
 
@@ -44,17 +44,6 @@ def structure_deviation(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
     return np.abs(layer_rsm(other) - layer_rsm(reference)).mean(axis=(1, 2))
 
 
-def rsm(states: np.ndarray) -> np.ndarray:
-    """Representational similarity matrices per layer: cosine H_i · H_j over prompts, [layers, N, N]."""
-    unit = states / np.linalg.norm(states, axis=-1, keepdims=True)
-    return unit @ unit.transpose(0, 2, 1)
-
-
-def rsm_deviation(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
-    """Per layer: ‖RSM_other − RSM_reference‖_F / ‖RSM_reference‖_F."""
-    return np.linalg.norm(other - reference, axis=(1, 2)) / np.linalg.norm(reference, axis=(1, 2))
-
-
 def scale_variants(scales: Sequence[float], seed: int) -> dict[str, list[float]]:
     """The RSM study's comparisons for a Bézier curve: the same mean everywhere (uniform), the curve
     with U(−0.1, 0.1) noise, the curve's values shuffled across layers, and fully random U(1, 2)."""
@@ -68,18 +57,35 @@ def scale_variants(scales: Sequence[float], seed: int) -> dict[str, list[float]]
     }
 
 
-def rsm_study(model, tokenizer, prompts: Sequence[str], bezier: Sequence[float], seeds: Sequence[int]) -> pd.DataFrame:
-    """Per (variant, seed, layer): RSM deviation from the unmodified model for the Bézier scales and
-    their :func:`scale_variants` (the deterministic uniform variant once, under the first seed)."""
-    reference = rsm(last_token_states(model, tokenizer, prompts))
+def structure_study(model, tokenizer, prompts: Sequence[str], bezier: Sequence[float], seeds: Sequence[int]) -> pd.DataFrame:
+    """Per (variant, seed, input): LPES's representational structure deviation (Eq. 13) from the
+    unmodified model, for the Bézier scales and their :func:`scale_variants` (the deterministic ones
+    once, seed -1)."""
+    reference = last_token_states(model, tokenizer, prompts)
 
-    def deviation(scales):
-        return rsm_deviation(reference, rsm(last_token_states(model, tokenizer, prompts, scale_specs(scales))))
+    def rows(name, seed, scales):
+        d = structure_deviation(reference, last_token_states(model, tokenizer, prompts, scale_specs(scales)))
+        return [{"variant": name, "seed": seed, "input": i, "deviation": float(v)} for i, v in enumerate(d)]
 
-    rows = [{"variant": "Bézier", "seed": -1, "layer": l, "deviation": d} for l, d in enumerate(deviation(bezier))]
+    out = rows("Bézier", -1, bezier)
     for seed in seeds:
         for name, scales in scale_variants(bezier, seed).items():
-            if name == "uniform (mean)" and seed != seeds[0]:
+            if name == "uniform (mean)":
+                if seed == seeds[0]:
+                    out += rows(name, -1, scales)
                 continue
-            rows += [{"variant": name, "seed": seed, "layer": l, "deviation": d} for l, d in enumerate(deviation(scales))]
+            out += rows(name, seed, scales)
+    return pd.DataFrame(out)
+
+
+def deviation_summary(per_input: pd.DataFrame, n_boot: int = 4000, seed: int = 0) -> pd.DataFrame:
+    """Per variant: mean deviation over inputs and seeds with a 95 % bootstrap interval that draws
+    whole inputs (an input's values under every seed stay together), and the number of inputs."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, g in per_input.groupby("variant", sort=False):
+        per = g.groupby("input").deviation.mean().to_numpy()
+        boot = per[rng.integers(0, len(per), size=(n_boot, len(per)))].mean(axis=1)
+        rows.append({"variant": name, "inputs": len(per), "seeds": g.seed.nunique(), "mean": per.mean(),
+                     "ci_low": np.quantile(boot, 0.025), "ci_high": np.quantile(boot, 0.975)})
     return pd.DataFrame(rows)

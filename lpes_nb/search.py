@@ -17,7 +17,7 @@ from .bezier import Y_RANGE
 from .data import Sample
 from .distributed import FitnessSpec, distributed_fitness
 from .evaluate import EvalSettings, evaluate_samples
-from .fitness import LAMBDAS, PositionFitness, position_table
+from .fitness import LAMBDAS, PositionFitness, fitness_se, position_tables, weighted_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
@@ -120,15 +120,28 @@ def per_layer_space(model, y_range: tuple[float, float] = Y_RANGE, y_step: float
     return PerLayerSpace(model.config.num_hidden_layers, y_range=y_range, y_step=y_step)
 
 
+def reference_fitness(model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
+                      lambdas: Sequence[float] = LAMBDAS) -> pd.DataFrame:
+    """The unmodified model on a search set: its λ-fitness (accuracy only, no tie-break) and that
+    fitness's standard error — the line a search must clear, and how finely the set resolves it."""
+    df = evaluate_samples(model, tokenizer, samples, settings=settings, progress=False)
+    return pd.DataFrame([{"fitness": weighted_fitness(df, lambdas), "se": fitness_se(df, lambdas), "prompts": len(df)}])
+
+
+def scales_samples(model, tokenizer, samples: Sequence[Sample], scales: Mapping[str, Sequence[float] | None],
+                   settings: EvalSettings = EvalSettings(), progress: bool = False) -> pd.DataFrame:
+    """Per-sample results (a ``method`` column first) for named per-layer scales (``None`` = the
+    unmodified model), for paired comparisons on the same records."""
+    df = pd.concat([evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings,
+                                     progress=progress).assign(method=label)
+                    for label, s in scales.items()], ignore_index=True)
+    return df[["method", *df.columns.drop("method")]]
+
+
 def evaluate_scales(model, tokenizer, samples: Sequence[Sample], scales: Mapping[str, Sequence[float] | None],
                     settings: EvalSettings = EvalSettings(), progress: bool = False) -> pd.DataFrame:
-    """Accuracy by gold position (n, mean, 95 % CI, ρ, λ-fitness) for named per-layer scales
-    (``None`` = the unmodified model)."""
-    tables = []
-    for label, s in scales.items():
-        df = evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings, progress=progress)
-        tables.append(position_table(df, method=label))
-    return pd.concat(tables, ignore_index=True)
+    """Accuracy by gold position (n, mean, Wilson 95 % CI, ρ, λ-fitness) for named per-layer scales."""
+    return position_tables(scales_samples(model, tokenizer, samples, scales, settings, progress))
 
 
 def ablation_runs(num_layers: int) -> list[tuple[str, object, dict]]:

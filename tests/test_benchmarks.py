@@ -7,11 +7,12 @@ import torch
 from lpes_nb import benchmarks
 from lpes_nb.benchmarks import (
     EXTRAPOLATION_VARIANTS,
-    benchmark_table,
     compared_methods,
     extrapolation_specs,
     method_key,
+    method_samples,
 )
+from lpes_nb.fitness import position_tables
 from lpes_nb.moice import MoICE
 from lpes_nb.rope import dynamic_ntk_base
 from tests.test_methods import SAMPLES
@@ -39,11 +40,11 @@ def test_a_trained_router_changes_the_cache_key(tiny_llama):
 def test_benchmark_tables_are_cached_per_method(tiny_llama, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES", "CALIOPE-Moses")}
-    first = benchmark_table(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False)
+    first = position_tables(method_samples(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False))
     assert list(first.method.unique()) == list(methods) and first["mean"].between(0, 1).all()
     assert {"rho", "fitness", "ci_low", "ci_high"} <= set(first.columns)
     monkeypatch.setattr(benchmarks, "evaluate_samples", lambda *a, **k: pytest.fail("recomputed a cached method"))
-    again = benchmark_table(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False)
+    again = position_tables(method_samples(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False))
     assert again.equals(first)
     summary = benchmarks.summary_table(first.assign(task="KV"), list(methods))
     assert list(summary.index) == list(methods) and "fitness KV" in summary.columns

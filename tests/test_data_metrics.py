@@ -180,12 +180,12 @@ def test_kv_passkey_perplexity():
         perplexity(1.0, 0)
 
 
-def test_u_shape_rho():
-    positions = [0, 4, 9]
-    assert u_shape_rho(positions, [0.9, 0.2, 0.9]) == pytest.approx(100.0)  # U: middle worst
-    assert u_shape_rho(positions, [0.2, 0.9, 0.2]) == pytest.approx(-100.0)
-    assert u_shape_rho(positions, [0.5, 0.5, 0.5]) == 0.0
-    assert 0 < u_shape_rho([0, 2, 5, 7, 9], [0.9, 0.5, 0.3, 0.6, 0.6]) < 100
+def test_u_shape_rho_per_sample():
+    positions = [0.0, 0.0, 0.5, 0.5, 1.0, 1.0]
+    assert u_shape_rho(positions, [1, 1, 0, 0, 1, 1]) == pytest.approx(100.0)  # U: middle worst
+    assert u_shape_rho(positions, [0, 0, 1, 1, 0, 0]) == pytest.approx(-100.0)
+    assert np.isnan(u_shape_rho(positions, [1, 1, 1, 1, 1, 1]))  # no variation: undefined, not 0
+    assert 0 < u_shape_rho([0, 0.2, 0.5, 0.8, 1], [1, 1, 0, 0, 1]) < 100
 
 
 def test_bootstrap_ci_and_accuracy_table():

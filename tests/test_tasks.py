@@ -89,7 +89,8 @@ def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
     def build(cfg, positions, data_dir):
         return [Sample("echo", i, p, cfg.num_items, f"Repeat {i}:", (str(i),)) for p in positions for i in range(cfg.n)]
 
-    monkeypatch.setitem(TASKS, "echo", Task(build, lambda pred, answers: float(pred.strip() == answers[0])))
+    monkeypatch.setitem(TASKS, "echo", Task(build, lambda pred, answers: float(pred.strip() == answers[0]), answer_tokens=2,
+                                            first_line=True))
     samples = TaskConfig("echo", 5, n=2).samples()
     assert [s.position for s in samples] == [0, 0, 2, 2, 4, 4]
     df = evaluate_samples(tiny_llama, tokenizer, samples, settings=EvalSettings(mode="generate", max_new_tokens=2), progress=False)

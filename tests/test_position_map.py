@@ -1,0 +1,49 @@
+"""The length × position map: cell sizing, the summary table, the middle-deficit criterion."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lpes_nb import position_map
+from lpes_nb.evaluate import encode
+
+
+def _cell(task, num_items, accuracies, n=30, tokens=500):
+    rows = []
+    for r, acc in zip(position_map.RELATIVE_POSITIONS, accuracies):
+        index = round(r * (num_items - 1))
+        k = round(acc * n)
+        for i in range(n):
+            rows.append({"model": "m", "dtype": "float32", "task": task, "num_items": num_items, "position": index,
+                         "sample": i, "prompt_tokens": tokens, "correct": float(i < k), "truncated": False,
+                         "copies_first": float(i < 3), "copies_last": 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_summary_has_exact_intervals_nominal_positions_and_rho():
+    per_sample = pd.concat([_cell("kv", 78, [0.9, 0.5, 0.2, 0.5, 0.9]), _cell("kv", 17, [0.9, 0.8, 0.7, 0.6, 0.5], tokens=250)])
+    table = position_map.summarize(per_sample)
+    assert len(table) == 10 and set(table.relative_position) == set(position_map.RELATIVE_POSITIONS)
+    assert (table.ci_high > table.ci_low).all() and table.n.eq(30).all()
+    u = table[table.num_items == 78]
+    assert u.rho.iloc[0] > 30  # a U
+    assert u.set_index("relative_position").gold_index[0.5] == 38  # round(0.5 * 77): the nominal middle
+    assert table.copies_first.eq(0.1).all()
+
+
+def test_middle_deficit_needs_both_ends_and_clear_intervals():
+    table = position_map.summarize(pd.concat([_cell("kv", 78, [0.9, 0.5, 0.2, 0.5, 0.9]),
+                                              _cell("two_fact_block", 26, [0.9, 0.5, 0.2, 0.5, 0.25], tokens=600),
+                                              _cell("mdqa", 10, [0.5, 0.5, 0.4, 0.5, 0.5], tokens=1500)]))
+    d = position_map.middle_deficits(table).set_index("task")
+    assert d.loc["kv", "deficit"] and d.loc["kv", "middle_deficit"] == pytest.approx(0.7)
+    assert not d.loc["two_fact_block", "deficit"]  # the middle is below the start only: primacy, no U
+    assert not d.loc["mdqa", "deficit"]  # 10 points but overlapping intervals at n = 30
+
+
+def test_items_for_length_hits_the_target_length(tokenizer):
+    for task, target in (("kv", 512), ("two_fact_block", 1024)):
+        cfg = position_map.items_for_length(task, target, tokenizer, n=3, seed=300)
+        tokens = np.mean([len(encode(tokenizer, s)) for s in cfg.samples()])
+        assert abs(tokens - target) / target < 0.15, (task, tokens)
+        assert len(cfg.positions) == 5 and cfg.positions[0] == 0 and cfg.positions[-1] == cfg.num_items - 1
