@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
-from .metrics import accuracy_table, minimum_detectable_effect, u_shape_rho
+from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, u_shape_rho
 from .models import model_fingerprint
 from .results import ResultCache, cache_key
 from .rope import scale_specs
@@ -68,7 +68,9 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
     """λ-fitness of ``method`` minus ``reference`` on the same records, with a 95 % bootstrap interval
     clustered by record: a record (``sample``) is drawn with all its gold positions and both methods'
     outcomes, since the same record appears at every position. Also the bootstrap SE, the minimum
-    detectable effect at 80 % power (two-sided 5 %), and the number of records."""
+    detectable effect at 80 % power (two-sided 5 %), and the number of records. Where no record's
+    outcome differs the bootstrap has nothing to resample; the interval is then ±(the Wilson upper
+    bound on the share of records that could differ, 0 of n), never [0, 0]."""
     wide = per_sample.pivot_table(index=["sample", "position"], columns="method", values="correct").astype(float)
     missing = {method, reference} - set(wide.columns)
     if missing:
@@ -81,9 +83,12 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
     draws = d[rng.integers(0, len(d), size=(n_boot, len(d)))]  # (boot, records, positions)
     boot = np.nanmean(draws, axis=1) @ np.asarray(lambdas, dtype=float)
     point = float(np.nanmean(d, axis=0) @ np.asarray(lambdas, dtype=float))
-    se = float(np.std(boot, ddof=1))
-    return {"method": method, "reference": reference, "difference": point,
-            "ci_low": float(np.quantile(boot, 0.025)), "ci_high": float(np.quantile(boot, 0.975)),
+    if np.nansum(np.abs(d)) == 0:
+        bound = proportion_ci(0, len(d))[1]
+        low, high, se = -bound, bound, bound / 1.96
+    else:
+        low, high, se = float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)), float(np.std(boot, ddof=1))
+    return {"method": method, "reference": reference, "difference": point, "ci_low": low, "ci_high": high,
             "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d)}
 
 
@@ -91,8 +96,10 @@ def paired_differences(per_sample: pd.DataFrame, references: Sequence[str] = ("b
                        lambdas: Sequence[float] = LAMBDAS) -> pd.DataFrame:
     """:func:`paired_fitness_difference` of every other method against each reference present."""
     methods = list(dict.fromkeys(per_sample["method"]))
+    refs = [r for r in references if r in methods]
+    # each pair once: a method compared with an earlier reference is not compared again the other way
     rows = [paired_fitness_difference(per_sample, m, ref, lambdas)
-            for ref in references if ref in methods for m in methods if m != ref]
+            for k, ref in enumerate(refs) for m in methods if m != ref and m not in refs[:k]]
     return pd.DataFrame(rows)
 
 

@@ -30,6 +30,7 @@ from .tasks import TASKS, TaskConfig
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
 VERSION = 1  # bump when the code behind a stored cell changes
+MDQA_TOKENS_PER_DOC = 160  # about, for ordering the cells by cost
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,17 @@ class PositionMap:
             raise ValueError(f"PositionMap needs models, n >= 1 and batch_size >= 1, got {self!r}")
 
     def cells(self, tokenizer_for) -> list[tuple[MapModel, TaskConfig]]:
-        """Every (model, task setting) of the map, shortest first within a model. ``tokenizer_for``:
+        """Every (model, task setting) of the map, cheapest first within a model. ``tokenizer_for``:
         model name -> tokenizer, used to size the length-set tasks."""
         out = []
         for m in self.models:
             tok = tokenizer_for(m.model)
-            cfgs = [items_for_length(task, length, tok, self.n, self.seed) for length in m.lengths for task in LENGTH_TASKS]
-            cfgs += [_at_positions(TaskConfig("mdqa", docs, n=self.n, offset=self.mdqa_offset)) for docs in m.mdqa_docs]
-            out += [(m, c) for c in dict.fromkeys(cfgs)]  # two short lengths can need the same minimum of items
+            cfgs = [(length, items_for_length(task, length, tok, self.n, self.seed)) for length in m.lengths for task in LENGTH_TASKS]
+            cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=self.n, offset=self.mdqa_offset)))
+                     for docs in m.mdqa_docs]
+            # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
+            # lengths can need the same minimum of items
+            out += [(m, c) for c in dict.fromkeys(c for _, c in sorted(cfgs, key=lambda lc: lc[0]))]
         return out
 
 

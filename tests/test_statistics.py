@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from lpes_nb import data, metrics
-from lpes_nb.fitness import paired_fitness_difference, position_table
+from lpes_nb.fitness import paired_differences, paired_fitness_difference, position_table
 from lpes_nb.representations import structure_deviation
 from lpes_nb.tasks import TASKS, copy_columns
 
@@ -103,8 +103,10 @@ def test_paired_difference_is_clustered_by_record():
     # records drawn whole: the bootstrap SE matches the SE of the per-record λ-weighted difference
     per_record = (better - base) @ np.array([0.2, 0.3, 0.5])
     assert out["se"] == pytest.approx(per_record.std(ddof=1) / np.sqrt(60), rel=0.1)
+    both = paired_differences(per_sample, references=("baseline", "m"))
+    assert both[["method", "reference"]].values.tolist() == [["m", "baseline"]]  # each pair once
     same = paired_fitness_difference(per_sample, "baseline", "baseline")
-    assert same["difference"] == same["ci_low"] == same["ci_high"] == 0
+    assert same["difference"] == 0 and same["ci_low"] == pytest.approx(-0.0601, abs=1e-4) == -same["ci_high"]  # Wilson 0/60
 
 
 def test_minimum_detectable_effect_and_planning():
