@@ -180,14 +180,14 @@ def paired_differences(diffs: pd.DataFrame, title: str, ax=None):
         d = diffs[diffs["reference"] == ref].reset_index(drop=True)
         y = np.arange(len(d))
         mde = d["mde_80"].median()
-        a.axvspan(-mde, mde, color="0.88", zorder=0, label=f"±MDE (80 % power) ≈ {mde:.2f}")
+        a.axvspan(-mde, mde, color="0.88", zorder=0)
         a.axvline(0, color="k", lw=0.8)
         a.errorbar(d["difference"], y, xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
                    fmt="o", capsize=3, color="#0072B2")
         a.set_yticks(y, d["method"])
         a.invert_yaxis()
-        a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)")
-        a.legend(loc="lower right", fontsize=7.5)
+        a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)\n"
+                     f"grey: ±MDE at 80 % power ≈ {mde:.2f}")
     fig.suptitle(title)
     return fig
 
