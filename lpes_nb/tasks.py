@@ -83,22 +83,17 @@ def _passkey(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
             for p, d in zip(positions, depths) for i in range(cfg.n)]
 
 
-def _two_fact(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
-    depths = [p / (cfg.num_items - 1) for p in positions]
-    sentences = book_sentences(long_text(data_dir))
-    # position and num_items as the config counts them (its gold index among num_items), so that
-    # position / (num_items - 1) is the depth
-    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i),
-                    position=p, num_items=cfg.num_items)
-            for p, d in zip(positions, depths) for i in range(cfg.n)]
-
-
-def _two_fact_block(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
-    depths = [p / (cfg.num_items - 1) for p in positions]
-    sentences = book_sentences(long_text(data_dir))
-    return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i,
-                                    gap=TWO_FACT_GAP), task="two_fact_block", position=p, num_items=cfg.num_items)
-            for p, d in zip(positions, depths) for i in range(cfg.n)]
+def _two_fact(name: str, gap: int | None) -> Callable[[TaskConfig, list[int], str | Path | None], list[Sample]]:
+    """The builder of a two-fact task kind (``gap``: see :func:`~lpes_nb.data.two_fact_sample`)."""
+    def build(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+        depths = [p / (cfg.num_items - 1) for p in positions]
+        sentences = book_sentences(long_text(data_dir))
+        # position and num_items as the config counts them (its gold index among num_items), so that
+        # position / (num_items - 1) is the depth
+        return [replace(two_fact_sample(filler_sentences(sentences, cfg.num_items, cfg.seed + i), d, cfg.seed + i, i, gap=gap),
+                        task=name, position=p, num_items=cfg.num_items)
+                for p, d in zip(positions, depths) for i in range(cfg.n)]
+    return build
 
 
 def _kv_value(sample: Sample, item: int) -> str:
@@ -146,9 +141,11 @@ TASKS: dict[str, Task] = {
     "passkey": Task(_passkey, lambda pred, answers: passkey_correct(pred, answers[0]), answer_tokens=16, first_line=True),
     # the first layout: fact 1 at depth/2 and fact 2 at depth, so their distance grows with the depth
     # (position and distance confounded); kept because notebook 8's stored results use it
-    "two_fact": Task(_two_fact, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=16, first_line=True),
+    "two_fact": Task(_two_fact("two_fact", None), lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=16,
+                     first_line=True),
     # the facts TWO_FACT_GAP sentences apart, moved together as one block: only the position varies
-    "two_fact_block": Task(_two_fact_block, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=16,
+    "two_fact_block": Task(_two_fact("two_fact_block", TWO_FACT_GAP), lambda pred, answers: kv_correct(pred, answers[0]),
+                           answer_tokens=16,
                            first_line=True),
 }
 
