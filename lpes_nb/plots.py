@@ -165,18 +165,14 @@ def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
     return fig
 
 
-def paired_differences(diffs: pd.DataFrame, title: str, ax=None):
+def paired_differences(diffs: pd.DataFrame, title: str):
     """Paired Δλ of each method against each reference with its 95 % interval (rows of
-    :func:`lpes_nb.fitness.paired_differences`), one panel row per reference, zero marked; the
+    :func:`lpes_nb.fitness.paired_differences`), one panel per reference, zero marked; the
     minimum detectable effect (80 % power) as a grey band around zero."""
     refs = list(dict.fromkeys(diffs["reference"]))
-    if ax is None:
-        fig, axes = plt.subplots(1, len(refs), figsize=(4.2 * len(refs), 0.45 * diffs["method"].nunique() + 1.4),
-                                 sharex=True, squeeze=False)
-        axes = axes[0]
-    else:
-        fig, axes = ax.figure, [ax]
-    for a, ref in zip(axes, refs):
+    fig, axes = plt.subplots(1, len(refs), figsize=(4.2 * len(refs), 0.45 * diffs["method"].nunique() + 1.4),
+                             sharex=True, squeeze=False)
+    for a, ref in zip(axes[0], refs):
         d = diffs[diffs["reference"] == ref].reset_index(drop=True)
         y = np.arange(len(d))
         mde = d["mde_80"].median()

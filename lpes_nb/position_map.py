@@ -64,19 +64,15 @@ class PositionMap:
         if not self.models or self.n < 1 or self.batch_size < 1:
             raise ValueError(f"PositionMap needs models, n >= 1 and batch_size >= 1, got {self!r}")
 
-    def cells(self, tokenizer_for) -> list[tuple[MapModel, TaskConfig]]:
-        """Every (model, task setting) of the map, cheapest first within a model. ``tokenizer_for``:
-        model name -> tokenizer, used to size the length-set tasks."""
-        out = []
-        for m in self.models:
-            tok = tokenizer_for(m.model)
-            cfgs = [(length, items_for_length(task, length, tok, self.n, self.seed)) for length in m.lengths for task in LENGTH_TASKS]
-            cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=self.n, offset=self.mdqa_offset)))
-                     for docs in m.mdqa_docs]
-            # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
-            # lengths can need the same minimum of items
-            out += [(m, c) for c in dict.fromkeys(c for _, c in sorted(cfgs, key=lambda lc: lc[0]))]
-        return out
+    def cells(self, m: MapModel, tokenizer) -> list[TaskConfig]:
+        """The task settings of model ``m``'s cells, cheapest first (``tokenizer``: ``m``'s, which
+        sizes the length-set tasks)."""
+        cfgs = [(length, items_for_length(task, length, tokenizer, self.n, self.seed)) for length in m.lengths for task in LENGTH_TASKS]
+        cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=self.n, offset=self.mdqa_offset)))
+                 for docs in m.mdqa_docs]
+        # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
+        # lengths can need the same minimum of items
+        return list(dict.fromkeys(c for _, c in sorted(cfgs, key=lambda lc: lc[0])))
 
 
 def _at_positions(cfg: TaskConfig) -> TaskConfig:
@@ -92,8 +88,8 @@ def items_for_length(task: str, tokens: int, tokenizer, n: int, seed: int, data_
         return float(np.mean([len(encode(tokenizer, s, False)) for s in cfg.samples(data_dir)]))
 
     lo, hi = 8, 64
-    per_item = (length(hi) - length(lo)) / (hi - lo)
-    items = max(5, round(hi + (tokens - length(hi)) / per_item))
+    at_lo, at_hi = length(lo), length(hi)
+    items = max(5, round(hi + (tokens - at_hi) * (hi - lo) / (at_hi - at_lo)))
     return _at_positions(TaskConfig(task, items, n=n, seed=seed))
 
 
@@ -154,7 +150,7 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
     for m in chosen:
         model, tokenizer = load_model(m.model, dtype=m.dtype), load_tokenizer(m.model)
         dtype = str(resolve_dtype(m.dtype)).removeprefix("torch.")
-        cells = [c for mm, c in spec.cells(load_tokenizer) if mm == m]
+        cells = spec.cells(m, tokenizer)
         for cfg in tqdm(cells, desc=f"map cells, {m.model}", disable=not progress):
             df = cell_samples(model, tokenizer, m.model, dtype, cfg, spec.batch_size, profile, progress)
             frames.append(df.assign(model=m.model, dtype=dtype, num_items=cfg.num_items))
