@@ -59,6 +59,7 @@ class Shape:
     heads: int
     head_dim: int
     vocab: int
+    kv_heads: int | None = None  # grouped-query attention: key/value heads (None: as many as query heads)
 
     @property
     def matmul_parameters(self) -> float:  # q, k, v, o and the three MLP matrices of every layer
@@ -72,10 +73,31 @@ class Shape:
     def of(cls, config) -> Shape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads,
-                   head_dim, config.vocab_size)
+                   head_dim, config.vocab_size, getattr(config, "num_key_value_heads", None))
+
+    def prefill_flops(self, tokens: float) -> float:
+        """One causal forward over ``tokens`` tokens with the logits of the last only: the matrix
+        products, QKᵀ and AV over the causal half (2 · layers · heads · head size · T²), the head."""
+        return 2 * self.matmul_parameters * tokens + 2 * self.layers * self.heads * self.head_dim * tokens**2 + 2 * self.vocab * self.hidden
+
+    def kv_cache_bytes(self, tokens: float) -> float:  # bf16 keys and values of every layer
+        return 2 * 2 * self.layers * (self.kv_heads or self.heads) * self.head_dim * tokens
 
 
 VICUNA_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, head_dim=128, vocab=32000)
+# the embedded models, from their converted configs (tests/test_costs.py checks them against the configs)
+SHAPES = {
+    "smollm2-135m": Shape(layers=30, hidden=576, intermediate=1536, heads=9, head_dim=64, vocab=49152, kv_heads=3),
+    "qwen2.5-coder-0.5b": Shape(layers=24, hidden=896, intermediate=4864, heads=14, head_dim=64, vocab=151936, kv_heads=2),
+    "lmsys/vicuna-7b-v1.5-16k": VICUNA_7B,
+}
+
+
+def shape_of(model: str) -> Shape:
+    """A known model's shape, or a tiny random model's (from its config)."""
+    from .models import tiny_config
+
+    return SHAPES[model] if model in SHAPES else Shape.of(tiny_config(model))
 
 
 @dataclass(frozen=True)
@@ -84,11 +106,16 @@ class Gpu:
     memory_gib: float
     sustained_flops: float  # bf16 matmul throughput reached by a 7B prefill, not the datasheet peak
     bandwidth: float  # bytes/s
+    # a decoding step of a small model is bound by kernel launches, not by bytes: eager PyTorch
+    # issues ~15 kernels per layer at ~5-10 µs each
+    step_per_layer_s: float = 1e-4
 
 
 # H100 SXM: 989 TFLOP/s dense bf16 peak, 3.35 TB/s HBM3; 40 % of the peak is what a 7B forward over
 # 2-4k-token prompts typically sustains in eager PyTorch with sdpa (no kernel fusion, no CUDA graphs)
 H100 = Gpu("H100 80GB (assumed 40 % of 989 TFLOP/s, 3.35 TB/s)", 80, 0.4 * 989e12, 3.35e12)
+# the embedded models' products are narrow (width 576-896), so they reach a smaller share of the peak
+H100_SMALL_MODELS = Gpu("H100 80GB, 0.1-0.5B models (assumed 20 % of 989 TFLOP/s, 3.35 TB/s)", 80, 0.2 * 989e12, 3.35e12)
 
 
 def work_units(p: Profile, layers: int) -> dict[str, float]:
@@ -271,9 +298,72 @@ def write_table() -> pd.DataFrame:
     return table
 
 
+# --- the plan of notebook 9 (map and regime search) ---------------------------------------------
+
+
+def _forwards(shape: Shape, gpu: Gpu, prompts: float, tokens: float, new_tokens: int, batch: int) -> tuple[float, float]:
+    """(FLOPs, seconds) of ``prompts`` prompts of ``tokens`` tokens, each followed by ``new_tokens``
+    greedy steps (0: a scoring pass), in batches of ``batch``."""
+    flops = prompts * shape.prefill_flops(tokens)
+    steps = -(-prompts // batch) * new_tokens
+    step_s = max(shape.layers * gpu.step_per_layer_s,
+                 (2 * shape.parameters + batch * shape.kv_cache_bytes(tokens + new_tokens)) / gpu.bandwidth)
+    return flops, flops / gpu.sustained_flops + steps * step_s
+
+
+def ga_evaluations(cfg) -> int:
+    """Individuals a GA scores at most: the first population, then the new children of each generation
+    (duplicates are read from the fitness cache, so this is an upper bound)."""
+    return cfg.population + cfg.generations * (cfg.population - cfg.parents)
+
+
+def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, tuple[str, int]] | None = None) -> pd.DataFrame:
+    """What notebook 9 costs under profile ``p`` before it starts: one row per map cell and per stage
+    of the regime search (prompts, tokens, new tokens, PFLOP, estimated GPU hours on ``gpu``).
+
+    The search's regime is known only once the map has run: ``regimes`` maps a model to its (task,
+    prompt tokens); by default each model's KV at its longest length, the dearest regime. The transfer
+    task is planned at the length closest to the regime's, as :func:`lpes_nb.regime_search.search_tasks`
+    picks it."""
+    from .position_map import LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
+    from .tasks import TASKS
+
+    spec, rs = p.position_map, p.regime_search
+    rows = []
+
+    def add(stage, model, task, tokens, prompts, new_tokens):
+        flops, seconds = _forwards(shape_of(model), gpu, prompts, tokens, new_tokens, spec.batch_size)
+        rows.append({"stage": stage, "model": model, "task": task, "prompt_tokens": int(tokens), "prompts": int(prompts),
+                     "new_tokens": new_tokens, "pflop": round(flops / 1e15, 2), "gpu_hours": round(seconds / 3600, 3)})
+
+    for m in spec.models:
+        cells = [(t, length) for length in m.lengths for t in LENGTH_TASKS] + [("mdqa", d * MDQA_TOKENS_PER_DOC) for d in m.mdqa_docs]
+        for task, tokens in cells:
+            add("map", m.model, task, tokens, spec.n * len(RELATIVE_POSITIONS), TASKS[task].answer_tokens)
+        regime = (regimes or {}).get(m.model, ("kv", max(m.lengths)))
+        tasks = [regime]
+        if rs.transfer and regime[0] in ("kv", "mdqa"):  # the other task at the length closest to the regime's
+            other = "mdqa" if regime[0] == "kv" else "kv"
+            lengths = [d * MDQA_TOKENS_PER_DOC for d in m.mdqa_docs] if other == "mdqa" else list(m.lengths)
+            if lengths:
+                tasks.append((other, min(lengths, key=lambda t: abs(t - regime[1]))))
+        curves = 2 * len(rs.seeds) * len(tasks)  # every LPES curve and its PI twin
+        for task, tokens in tasks:
+            search_n, test_n = rs.sizes(task)
+            search_prompts = 3 * search_n
+            evaluations = ga_evaluations(rs.ga) * len(rs.seeds)
+            add("search: reference", m.model, task, tokens, search_prompts, TASKS[task].answer_tokens)
+            add("search: GA", m.model, task, tokens, evaluations * search_prompts, TASKS[task].answer_tokens)
+            if rs.tie_break:  # generate mode's tie-break: one scoring pass per individual
+                add("search: GA tie-break", m.model, task, tokens, evaluations * search_prompts, 0)
+            add("search: test", m.model, task, tokens, 3 * test_n * (1 + curves), TASKS[task].answer_tokens)
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.costs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["dry-run", "memory", "table"])
+    parser.add_argument("command", choices=["dry-run", "memory", "table", "plan"])
+    parser.add_argument("--profile", default="gpu", help="plan: the profile whose notebook 9 to plan")
     parser.add_argument("--out", type=Path, default=Path("runs/paper-dry"), help="executed notebooks and store (dry-run)")
     parser.add_argument("--from", dest="start", help="dry-run: resume at this notebook")
     args = parser.parse_args(argv)
@@ -283,6 +373,12 @@ def main(argv: list[str] | None = None) -> None:
         measured = memory_scaling()
         write_csv(project_root() / COSTS_DIR / MEMORY_FILE, measured)
         print(memory_fit(measured).to_string(index=False))
+        return
+    if args.command == "plan":
+        plan = notebook9_plan(profile(args.profile))
+        write_csv(project_root() / COSTS_DIR / f"{args.profile}_notebook9_plan.csv", plan)
+        print(plan.to_string(index=False))
+        print(plan.groupby(["model", plan.stage.str.split(":").str[0]], sort=False).gpu_hours.sum().round(2).to_string())
         return
     table = write_table()
     print(table.to_string(index=False))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MDQA_FILE = "mdqa/nq-open-20_total_documents_gold_at_0.jsonl.gz"
+MDQA_RECORDS = 441  # the questions with real retrieved distractors in MDQA_FILE
 KV_FILE = "kv/kv-retrieval-75_keys.jsonl.gz"
 TEXT_FILE = "text/kjv.txt.gz"
 
@@ -83,7 +84,7 @@ def read_jsonl_gz(file: Path, limit: int | None = None) -> list[dict]:
 
 
 def load_mdqa(limit: int | None = None, data_dir: str | Path | None = None) -> list[dict]:
-    """The 441 NQ-open questions with the gold document first and 19 retrieved distractors."""
+    """The MDQA_RECORDS (441) NQ-open questions with the gold document first and 19 retrieved distractors."""
     records = read_jsonl_gz(_data_file(MDQA_FILE, data_dir), limit)
     for i, r in enumerate(records):
         if not {"question", "answers", "ctxs"} <= r.keys() or not r["ctxs"] or not r["ctxs"][0].get("isgold"):

@@ -246,7 +246,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     df = pd.DataFrame(rows)
     skipped = int(df["skipped"].sum())
     truncated = int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0
-    if truncated:
+    if truncated and progress:  # quiet callers (a GA's thousands of scorings) keep the count in the column
         print(f"[evaluate] {truncated} of {len(df)} answers ran out of max_new_tokens={settings.max_new_tokens} before "
               "ending (column 'truncated'); they are judged on what was generated")
     if skipped:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
@@ -107,7 +107,9 @@ class PositionFitness:
     """The GA's fitness: per-layer scales (B, L) -> λ-weighted accuracy at begin / middle / end.
 
     ``tie_break`` adds a tiny multiple of the mean gold log-probability so that individuals with the
-    same accuracy are ordered by confidence (0 reproduces the paper's pure accuracy fitness)."""
+    same accuracy are ordered by confidence (0 reproduces the paper's pure accuracy fitness). Generate
+    mode judges text and yields no log-probability, so there it costs one extra scoring pass of the
+    gold answers per individual."""
 
     def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
                  lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
@@ -126,13 +128,20 @@ class PositionFitness:
         positions): a GA checkpoint resumes only under the same fingerprint."""
         return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break)
 
-    def table(self, scales: Sequence[float]) -> pd.DataFrame:
-        key = cache_key(scales=[round(float(s), 10) for s in scales], **self._task_key)
+    def _evaluate(self, scales: Sequence[float], settings: EvalSettings) -> pd.DataFrame:
+        key = cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
-        df = evaluate_samples(self.model, self.tokenizer, self.samples, scale_specs(scales), self.settings, progress=False)
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, scale_specs(scales), settings, progress=False)
         if self.cache is not None:
             self.cache.put(key, df)
+        return df
+
+    def table(self, scales: Sequence[float]) -> pd.DataFrame:
+        df = self._evaluate(scales, self.settings)
+        if self.tie_break and self.settings.mode == "generate":
+            scored = self._evaluate(scales, replace(self.settings, mode="score"))
+            df = df.assign(gold_logprob=scored["gold_logprob"].to_numpy())
         return df
 
     def __call__(self, scales_batch: np.ndarray) -> np.ndarray:

@@ -126,19 +126,20 @@ def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def middle_deficits(table: pd.DataFrame, points: float = 0.10) -> pd.DataFrame:
+def middle_deficits(table: pd.DataFrame, points: float = 0.10, require_clear: bool = True) -> pd.DataFrame:
     """Per cell: accuracy at the first, middle and last position and whether the middle is below
     both ends by at least ``points`` with its interval clear of both ends' intervals (the issue's
-    criterion for a middle deficit worth a search)."""
+    criterion for a middle deficit worth a search). ``require_clear=False`` drops the interval
+    condition: only for dry runs on random models, which must reach the search without a real deficit."""
     rows = []
-    for key, cell in table.groupby(["model", "dtype", "task", "length_tokens"], sort=False):
+    keys = ["model", "dtype", "task", "num_items", "length_tokens"]
+    for key, cell in table.groupby(keys, sort=False):
         cell = cell.set_index("relative_position")
         first, middle, last = cell.loc[0.0], cell.loc[0.5], cell.loc[1.0]
         gap = min(first["accuracy"], last["accuracy"]) - middle["accuracy"]
         clear = middle["ci_high"] < min(first["ci_low"], last["ci_low"])
-        rows.append({**dict(zip(["model", "dtype", "task", "length_tokens"], key)), "first": first["accuracy"],
-                     "middle": middle["accuracy"], "last": last["accuracy"], "middle_deficit": gap,
-                     "deficit": bool(gap >= points and clear), "rho": middle["rho"]})
+        rows.append({**dict(zip(keys, key)), "first": first["accuracy"], "middle": middle["accuracy"], "last": last["accuracy"],
+                     "middle_deficit": gap, "deficit": bool(gap >= points and (clear or not require_clear)), "rho": middle["rho"]})
     return pd.DataFrame(rows)
 
 

@@ -1,21 +1,26 @@
 """Layer-wise RoPE probes (LASP-style): what happens to perplexity and retrieval when one layer
 loses (masking) or blurs (coarsening ⌊p/k⌋) its positional information, and a control that
-perturbs the same layer's hidden states by random noise of the same size."""
+perturbs the same layer's hidden states by random noise of the same size. Each probe runs on one
+text window at a time (:func:`per_window`), so that its spread over windows gives it an interval
+(:func:`relative_change`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
 import torch
+from scipy import stats
 from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import EvalSettings, evaluate_samples
 from .interventions import Interventions, Stop
 from .metrics import perplexity
+from .results import cached_table
 from .rope import RopeSpec, find_rope_stack, rope_context
 
 
@@ -172,3 +177,28 @@ def tokens_of_text(tokenizer, text: str, max_chars: int = 400_000) -> list[int]:
 def coarsening_ks(context: int) -> list[int]:
     """Powers of two from 2 up to the context length (the probe's k axis)."""
     return [int(k) for k in 2 ** np.arange(1, int(np.log2(context)) + 1)]
+
+
+def per_window(name: str, params: dict, windows: Sequence[Sequence[int]], compute: Callable[[list[list[int]]], pd.DataFrame],
+               profile: str) -> pd.DataFrame:
+    """``compute([window])`` on each window alone, each stored under its own key (a digest of the
+    window's tokens), with a ``window`` column: the windows are the probe's independent units."""
+    frames = []
+    for i, w in enumerate(tqdm(windows, desc=f"{name}, window by window", leave=False)):
+        digest = hashlib.sha256(np.asarray(w, dtype=np.int64).tobytes()).hexdigest()[:16]
+        frames.append(cached_table(name, {**params, "tokens": digest}, lambda: compute([list(w)]), profile).assign(window=i))
+    return pd.concat(frames, ignore_index=True)
+
+
+def relative_change(table: pd.DataFrame, reference: pd.DataFrame, on: Sequence[str] = ("window",),
+                    by: Sequence[str] = ("layer",), confidence: float = 0.95) -> pd.DataFrame:
+    """Per group ``by``: the perplexity change against ``reference`` matched ``on`` its keys (the
+    same window; for the noise control also the same layer), in %, as exp(mean over windows of the log
+    ratio) − 1, with a t interval over windows (NaN with a single window)."""
+    merged = table.merge(reference[[*on, "perplexity"]], on=list(on), suffixes=("", "_reference"), validate="many_to_one")
+    log_ratio = np.log(merged["perplexity"] / merged["perplexity_reference"])
+    g = log_ratio.groupby([merged[c] for c in by])
+    mean, se, n = g.mean(), g.sem(), g.count()
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * se
+    pct = lambda x: 100 * np.expm1(x)  # noqa: E731
+    return pd.DataFrame({"change_pct": pct(mean), "ci_low": pct(mean - half), "ci_high": pct(mean + half), "windows": n}).reset_index()

@@ -140,3 +140,47 @@ def test_work_units_cover_both_profiles_and_scale_layer_loops():
     assert all(paper[k] >= dry[k] for k in paper)
     # one masked layer at a time, plus the unpatched pass: 33 passes on 32 layers, 9 on 8
     assert paper["probe_masking_ppl"] / dry["probe_masking_ppl"] == PROFILES["paper"].probes.windows * 33 / 9
+
+
+def test_embedded_shapes_are_the_converted_configs():
+    from transformers import AutoConfig
+
+    from lpes_nb.costs import SHAPES, Shape
+    from lpes_nb.models import EMBEDDED, QWEN, ensure_embedded
+
+    for name in (EMBEDDED, QWEN):
+        assert SHAPES[name] == Shape.of(AutoConfig.from_pretrained(ensure_embedded(name=name))), name
+
+
+def test_prefill_flops_count_products_causal_attention_and_head():
+    from lpes_nb.costs import Shape
+
+    s = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10)
+    per_token = 2 * 2 * (4 * 8 * 8 + 3 * 8 * 16)
+    assert s.prefill_flops(5) == per_token * 5 + 2 * 2 * 2 * 4 * 25 + 2 * 10 * 8
+
+
+def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
+    from lpes_nb.costs import ga_evaluations, notebook9_plan
+    from lpes_nb.position_map import LENGTH_TASKS
+
+    p = PROFILES["gpu"]
+    plan = notebook9_plan(p)
+    spec, rs = p.position_map, p.regime_search
+    cells = sum(len(m.lengths) * len(LENGTH_TASKS) + len(m.mdqa_docs) for m in spec.models)
+    assert (plan.stage == "map").sum() == cells and plan[plan.stage == "map"].prompts.eq(spec.n * 5).all()
+    assert ga_evaluations(rs.ga) == 32 + 20 * 20  # the paper's budget: 12 parents kept, 20 children a generation
+    ga = plan[(plan.stage == "search: GA") & (plan.task == "kv")]
+    assert ga.prompts.eq(ga_evaluations(rs.ga) * len(rs.seeds) * 3 * rs.search_n).all()
+    # the plan grows with the prompt: the search at 28k tokens costs more per prompt than at 7k
+    per_prompt = ga.set_index("model").gpu_hours / ga.set_index("model").prompts
+    assert per_prompt["qwen2.5-coder-0.5b"] > per_prompt["smollm2-135m"]
+
+
+def test_committed_gpu_plan_is_what_the_code_computes():
+    """The README's cost table of the gpu profile comes from results/costs/gpu_notebook9_plan.csv."""
+    from lpes_nb.costs import COSTS_DIR, notebook9_plan
+    from lpes_nb.results import project_root
+
+    committed = pd.read_csv(project_root() / COSTS_DIR / "gpu_notebook9_plan.csv")
+    pd.testing.assert_frame_equal(committed, notebook9_plan(PROFILES["gpu"]), check_dtype=False)

@@ -2,7 +2,10 @@
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
+from scipy import stats
 import torch
 
 from lpes_nb.data import Sample
@@ -13,6 +16,8 @@ from lpes_nb.probes import (
     masking_perplexity,
     masking_recall,
     noise_control_perplexity,
+    per_window,
+    relative_change,
     window_perplexity,
 )
 from lpes_nb.rope import RopeSpec
@@ -72,3 +77,25 @@ def test_masking_recall_has_a_row_per_layer_and_sample(tiny_llama, tokenizer):
     df = masking_recall(tiny_llama, tokenizer, samples, layers=[0, 1])
     assert sorted(df["layer"].unique()) == [-1, 0, 1] and len(df) == 18
 
+
+
+def test_per_window_stores_each_window_once_and_joins_to_the_joint_perplexity(tiny_llama, tmp_path, monkeypatch):
+    """Equal-length windows: the joint perplexity is the geometric mean of the per-window ones."""
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    table = per_window("probe_masking_ppl", {"model": "tiny"}, WINDOWS, lambda w: masking_perplexity(tiny_llama, w, layers=[1]), "smoke")
+    assert table.window.tolist() == [0, 0, 1, 1]
+    base = table[table.layer == -1].perplexity
+    assert np.exp(np.log(base).mean()) == pytest.approx(window_perplexity(tiny_llama, WINDOWS), rel=1e-5)
+    again = per_window("probe_masking_ppl", {"model": "tiny"}, WINDOWS[::-1], lambda w: pytest.fail("recomputed a stored window"), "smoke")
+    assert again.perplexity.tolist() == table[table.window == 1].perplexity.tolist() + table[table.window == 0].perplexity.tolist()
+
+
+def test_relative_change_is_the_mean_log_ratio_over_windows_with_a_t_interval():
+    base = pd.DataFrame({"window": [0, 1, 2], "perplexity": [10.0, 20.0, 40.0]})
+    layer = pd.DataFrame({"layer": 3, "window": [0, 1, 2], "perplexity": [11.0, 22.0, 46.0]})
+    change = relative_change(layer, base).iloc[0]
+    logs = np.log([1.1, 1.1, 1.15])
+    half = stats.t.ppf(0.975, 2) * logs.std(ddof=1) / np.sqrt(3)
+    assert change.change_pct == pytest.approx(100 * np.expm1(logs.mean()))
+    assert (change.ci_low, change.ci_high) == pytest.approx((100 * np.expm1(logs.mean() - half), 100 * np.expm1(logs.mean() + half)))
+    assert change.windows == 3 and change.ci_low < change.change_pct < change.ci_high

@@ -1,0 +1,155 @@
+"""The search where the position map shows a middle deficit (notebook 9): LPES against PI with the
+same mean scale and against the unmodified model, in the one regime (model, task, length) with the
+largest deficit that passes the map's criterion, and nowhere else.
+
+Per search task: the unmodified model's fitness on the search set (the line a search must clear,
+with its SE), a Bézier GA per seed (accuracy fitness, the gold answer's log-probability as
+tie-break), and every best curve and its PI twin re-scored on a disjoint test set, paired with the
+unmodified model and with its PI twin on the same records (record-clustered bootstrap, minimum
+detectable effect at 80 % power). With ``transfer`` the same is done on the other of KV / MDQA at
+the length closest to the regime, and every curve is tested on both tasks' test sets: a curve found
+on KV, tested on MDQA, and the reverse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from .data import MDQA_RECORDS
+from .fitness import paired_fitness_difference
+from .ga import GAConfig
+from .models import load_model, load_tokenizer
+from .position_map import PositionMap, middle_deficits
+from .results import cached_table, output_dir, write_csv
+from .search import bezier_space, reference_fitness, run_search, scales_samples
+from .tasks import TASKS, TaskConfig
+
+TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
+
+
+@dataclass(frozen=True)
+class RegimeSearch:
+    """The search's settings. ``search_n`` / ``test_n``: records per position (begin, middle, end) of
+    the search and test sets; MDQA has only :data:`MDQA_RECORDS` real records, so its test set takes
+    those before ``mdqa_split`` and its search set those from it on (capped at what there is).
+    ``points`` / ``require_clear``: the map's deficit criterion (``require_clear=False`` only in dry
+    runs on random models, so that they reach the search)."""
+
+    ga: GAConfig
+    search_n: int
+    test_n: int
+    seeds: tuple[int, ...] = (0, 1)
+    points: float = 0.10
+    require_clear: bool = True
+    transfer: bool = True
+    tie_break: float = 1e-3
+    mdqa_split: int = 300
+    search_seed: int = 301  # generated tasks: records disjoint from the map's (seed 300) and from each other
+    test_seed: int = 302
+
+    def __post_init__(self):
+        for name in ("search_n", "test_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RegimeSearch.{name} must be an integer >= 1, got {value!r}")
+        if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)):
+            raise ValueError(f"RegimeSearch.seeds must be distinct integers >= 0, got {self.seeds!r}")
+        if not -1 <= self.points <= 1:
+            raise ValueError(f"RegimeSearch.points must be in [-1, 1] (accuracy points as a fraction), got {self.points!r}")
+        if not 1 <= self.mdqa_split < MDQA_RECORDS:
+            raise ValueError(f"RegimeSearch.mdqa_split must be in [1, {MDQA_RECORDS - 1}], got {self.mdqa_split!r}")
+        if self.search_seed == self.test_seed:
+            raise ValueError(f"RegimeSearch: search_seed and test_seed must differ (disjoint records), both {self.search_seed}")
+
+    def sizes(self, task: str) -> tuple[int, int]:
+        """Records per position of the (search, test) sets of ``task``."""
+        if task == "mdqa":
+            return min(self.search_n, MDQA_RECORDS - self.mdqa_split), min(self.test_n, self.mdqa_split)
+        return self.search_n, self.test_n
+
+    def split(self, task: str, num_items: int) -> tuple[TaskConfig, TaskConfig]:
+        """The (search, test) sets of a task at ``num_items`` items, at the first, middle and last position."""
+        ends = (0, round(0.5 * (num_items - 1)), num_items - 1)
+        search_n, test_n = self.sizes(task)
+        if task == "mdqa":
+            search = TaskConfig("mdqa", num_items, n=search_n, offset=self.mdqa_split, positions=ends)
+            return search, TaskConfig("mdqa", num_items, n=test_n, positions=ends)
+        return (TaskConfig(task, num_items, n=search_n, seed=self.search_seed, positions=ends),
+                TaskConfig(task, num_items, n=test_n, seed=self.test_seed, positions=ends))
+
+
+def choose_regime(table: pd.DataFrame, rs: RegimeSearch) -> dict | None:
+    """The map's cell with the largest middle deficit among those that pass the criterion, or None."""
+    d = middle_deficits(table, rs.points, rs.require_clear)
+    d = d[d.deficit]
+    return None if d.empty else d.loc[d.middle_deficit.idxmax()].to_dict()
+
+
+def search_tasks(table: pd.DataFrame, regime: dict, rs: RegimeSearch) -> list[tuple[str, int]]:
+    """(task, num_items) to search: the regime's, and with ``transfer`` the other of KV / MDQA on the
+    same model at the map's length closest to the regime's (if the map has that task)."""
+    tasks = [(regime["task"], int(regime["num_items"]))]
+    other = TRANSFER.get(regime["task"])
+    if rs.transfer and other:
+        cells = table[(table.model == regime["model"]) & (table.dtype == regime["dtype"]) & (table.task == other)]
+        if not cells.empty:
+            closest = cells.loc[(cells.length_tokens - regime["length_tokens"]).abs().idxmin()]
+            tasks.append((other, int(closest.num_items)))
+    return tasks
+
+
+def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, profile: str,
+                      progress: bool = True) -> dict[str, pd.DataFrame] | None:
+    """Run (or read back) the search in the map's regime with the largest deficit; None where the map
+    has none. Returns the tables ``references`` (unmodified model on each search set), ``searches``
+    (best fitness per task and seed), ``scales`` (the curves) and ``differences`` (paired Δλ on each
+    test set, with the share of the method's answers that ran out of new tokens), the last also
+    written to ``regime_search.csv``."""
+    regime = choose_regime(table, rs)
+    if regime is None:
+        return None
+    model_name, dtype = regime["model"], regime["dtype"]
+    (m,) = [m for m in spec.models if m.model == model_name]
+    model, tokenizer = load_model(model_name, dtype=m.dtype), load_tokenizer(model_name)
+    layers = model.config.num_hidden_layers
+    out = output_dir("results", profile) / "regime_search"
+    key = {"model": model_name, "dtype": dtype, "search": repr(rs)}
+    tasks = search_tasks(table, regime, rs)
+
+    references, searches, curves = [], [], {}
+    for task, items in tasks:
+        search_cfg, _ = rs.split(task, items)
+        samples, settings = search_cfg.samples(), TASKS[task].settings(spec.batch_size)
+        ref = cached_table("regime_search_reference", {**key, "task": repr(search_cfg)},
+                           lambda: reference_fitness(model, tokenizer, samples, settings), profile)
+        references.append(ref.assign(task=task, num_items=items))
+        for seed in rs.seeds:
+            name = f"regime_{task}{items}_s{seed}"
+            res = run_search(model, tokenizer, samples, bezier_space(model), replace(rs.ga, seed=seed), out, name, settings,
+                             model_name=model_name, tie_break=rs.tie_break, progress=progress)
+            best = [float(s) for s in res.best_scales]
+            curves[f"LPES {task} s{seed}"] = best
+            curves[f"PI {task} s{seed}"] = [float(np.mean(best))] * layers  # PI with the curve's mean scale
+            searches.append({"task": task, "num_items": items, "seed": seed, "best_fitness": res.best_fitness,
+                             "evaluations": res.evaluations})
+
+    differences = []
+    for task, items in tasks:  # every curve on every test set: its own task's, and the transfer
+        _, test_cfg = rs.split(task, items)
+        settings = TASKS[task].settings(spec.batch_size)
+        per_sample = cached_table("regime_search_test", {**key, "task": repr(test_cfg), "curves": curves},
+                                  lambda: scales_samples(model, tokenizer, test_cfg.samples(), {"baseline": None, **curves},
+                                                         settings, progress), profile)
+        for label in curves:
+            if label.startswith("LPES"):
+                for ref in ("baseline", label.replace("LPES", "PI", 1)):
+                    differences.append({"test_task": task, "test_items": items, "searched_on": label.split()[1],
+                                        **paired_fitness_difference(per_sample, label, ref),
+                                        "truncated": float(per_sample.loc[per_sample.method == label, "truncated"].mean())})
+    differences = pd.DataFrame(differences)
+    write_csv(output_dir("results", profile) / "regime_search.csv", differences.round(4))
+    return {"regime": pd.DataFrame([regime]), "references": pd.concat(references, ignore_index=True),
+            "searches": pd.DataFrame(searches), "scales": pd.DataFrame(curves), "differences": differences}
