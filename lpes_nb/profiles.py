@@ -216,7 +216,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
     Profile(
         name="cpu", model="smollm2-135m", settings=EvalSettings(batch_size=8),
-        search=TaskConfig("kv", 10, n=8, seed=1), test=TaskConfig("kv", 10, n=50, seed=2),
+        search=TaskConfig("kv", 10, n=8, seed=1), test=TaskConfig("kv", 10, n=100, seed=2),
         mdqa=TaskConfig("mdqa", 10, n=20, offset=100),
         calibration=Calibration(kv_sizes=(4, 6, 8, 10, 20, 30, 40), n=30),
         probes=Probes(window=512, windows=8, ks=(2, 4, 16, 64, 256, 512), recall_n=30),  # windows: the units of the probes' intervals
@@ -247,10 +247,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            ga=GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=1),
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=20, bench_n=5),
         # n = 30 records per cell and position; SmolLM2 in float32 (the committed run's dtype), Qwen in
-        # bf16 (notebook 8's, with its measured agreement). The ladder as far as the first session's
-        # CPU time reached (a cell is 150 prompts: ~4 min at 512 tokens, ~9 at 1k, ~20 at 2k on 2 cores
-        # with AVX512-BF16); longer lengths and MDQA-20 are the next cells (notebook 9 says so)
-        position_map=PositionMap(models=(MapModel("smollm2-135m", "float32", lengths=(256, 512, 1024, 2048), mdqa_docs=(10,)),
+        # bf16 (notebook 8's, with its measured agreement). The ladder as far as two sessions' CPU time
+        # reached (a cell is 150 prompts: ~4 min at 512 tokens, ~9 at 1k, ~20 at 2k for SmolLM2; Qwen's
+        # 10-document MDQA ~35 min, on 2 cores with AVX512-BF16); longer lengths and MDQA-20 are the
+        # next cells (notebook 9 says so)
+        position_map=PositionMap(models=(MapModel("smollm2-135m", "float32", lengths=(256, 512, 1024), mdqa_docs=(10,)),
                                          MapModel("qwen2.5-coder-0.5b", "bfloat16", lengths=(256, 512), mdqa_docs=(10,))),
                                  n=30),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
