@@ -184,3 +184,11 @@ def test_committed_gpu_plan_is_what_the_code_computes():
 
     committed = pd.read_csv(project_root() / COSTS_DIR / "gpu_notebook9_plan.csv")
     pd.testing.assert_frame_equal(committed, notebook9_plan(PROFILES["gpu"]), check_dtype=False)
+
+
+def test_notebook9_plan_of_a_found_regime_plans_its_transfer_at_the_closest_length():
+    from lpes_nb.costs import notebook9_plan
+
+    plan = notebook9_plan(PROFILES["gpu"], regimes={"smollm2-135m": ("mdqa", 3200)})
+    search = plan[(plan.model == "smollm2-135m") & (plan.stage == "search: GA")]
+    assert search[["task", "prompt_tokens"]].values.tolist() == [["mdqa", 3200], ["kv", 4096]]  # 4,096: the closest KV length
