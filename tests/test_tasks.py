@@ -45,8 +45,8 @@ def test_bad_task_settings_are_named():
         TaskConfig("qa")
     with pytest.raises(ValueError, match=r"gold position 10 is outside \[0, 9\]"):
         TaskConfig("kv", 10, positions=(0, 10))
-    with pytest.raises(ValueError, match="unknown profile 'gpu'"):
-        profile("gpu")
+    with pytest.raises(ValueError, match="unknown profile 'tpu'"):
+        profile("tpu")
 
 
 def _import_profiles_with(old: str, new: str):
@@ -71,7 +71,7 @@ def _import_profiles_with(old: str, new: str):
 
 
 def test_profiles_are_typed_and_checked_when_the_module_loads():
-    assert set(PROFILES) == {"smoke", "cpu", "paper", "paper-dry"} and all(p.name == n for n, p in PROFILES.items())
+    assert set(PROFILES) == {"smoke", "cpu", "gpu", "gpu-dry", "paper", "paper-dry"} and all(p.name == n for n, p in PROFILES.items())
     assert _import_profiles_with("recall_n=10", "recall_n=10").PROFILES["cpu"].probes.recall_n == 10
     with pytest.raises(TypeError, match="recal_n"):  # a misspelt key fails at import
         _import_profiles_with("recall_n=10", "recal_n=10")
