@@ -72,9 +72,9 @@ def _import_profiles_with(old: str, new: str):
 
 def test_profiles_are_typed_and_checked_when_the_module_loads():
     assert set(PROFILES) == {"smoke", "cpu", "gpu", "gpu-dry", "paper", "paper-dry"} and all(p.name == n for n, p in PROFILES.items())
-    assert _import_profiles_with("recall_n=10", "recall_n=10").PROFILES["cpu"].probes.recall_n == 10
+    assert _import_profiles_with("recall_n=30", "recall_n=30").PROFILES["cpu"].probes.recall_n == 30
     with pytest.raises(TypeError, match="recal_n"):  # a misspelt key fails at import
-        _import_profiles_with("recall_n=10", "recal_n=10")
+        _import_profiles_with("recall_n=30", "recal_n=30")
     with pytest.raises(ValueError, match=r"Probes.window must be a positive int, got 0"):
         _import_profiles_with("window=512", "window=0")
     with pytest.raises(ValueError, match=r"Attention.scales must be a non-empty tuple of non-negative floats, got \[1.0\]"):
