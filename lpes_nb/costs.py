@@ -326,6 +326,7 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
     task is planned at the length closest to the regime's, as :func:`lpes_nb.regime_search.search_tasks`
     picks it."""
     from .position_map import LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
+    from .regime_search import TRANSFER
     from .tasks import TASKS
 
     spec, rs = p.position_map, p.regime_search
@@ -342,8 +343,7 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
             add("map", m.model, task, tokens, spec.n * len(RELATIVE_POSITIONS), TASKS[task].answer_tokens)
         regime = (regimes or {}).get(m.model, ("kv", max(m.lengths)))
         tasks = [regime]
-        if rs.transfer and regime[0] in ("kv", "mdqa"):  # the other task at the length closest to the regime's
-            other = "mdqa" if regime[0] == "kv" else "kv"
+        if rs.transfer and (other := TRANSFER.get(regime[0])):  # the other task at the length closest to the regime's
             lengths = [d * MDQA_TOKENS_PER_DOC for d in m.mdqa_docs] if other == "mdqa" else list(m.lengths)
             if lengths:
                 tasks.append((other, min(lengths, key=lambda t: abs(t - regime[1]))))

@@ -202,3 +202,14 @@ def relative_change(table: pd.DataFrame, reference: pd.DataFrame, on: Sequence[s
     half = stats.t.ppf(0.5 + confidence / 2, n - 1) * se
     pct = lambda x: 100 * np.expm1(x)  # noqa: E731
     return pd.DataFrame({"change_pct": pct(mean), "ci_low": pct(mean - half), "ci_high": pct(mean + half), "windows": n}).reset_index()
+
+
+def masking_summary(masked: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
+    """Per layer: the change of masking and of the same-norm noise against the unpatched perplexity
+    (``_mask`` / ``_noise`` columns), and of masking against the noise of the same layer and window
+    (``mask_vs_noise_*``), each with its interval over windows (tables of :func:`per_window`)."""
+    base, layers = masked[masked.layer == -1], masked[masked.layer >= 0]
+    vs_noise = relative_change(layers, noise, on=("window", "layer")).rename(
+        columns={"change_pct": "mask_vs_noise_pct", "ci_low": "mask_vs_noise_low", "ci_high": "mask_vs_noise_high"})
+    return (relative_change(layers, base).merge(relative_change(noise, base), on=["layer", "windows"], suffixes=("_mask", "_noise"))
+            .merge(vs_noise, on=["layer", "windows"]))

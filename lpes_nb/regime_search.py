@@ -101,16 +101,13 @@ def search_tasks(table: pd.DataFrame, regime: dict, rs: RegimeSearch) -> list[tu
     return tasks
 
 
-def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, profile: str,
-                      progress: bool = True) -> dict[str, pd.DataFrame] | None:
-    """Run (or read back) the search in the map's regime with the largest deficit; None where the map
-    has none. Returns the tables ``references`` (unmodified model on each search set), ``searches``
+def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, regime: dict, profile: str,
+                      progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Run (or read back) the search in ``regime`` (the map ``table``'s cell that :func:`choose_regime`
+    picked). Returns the tables ``references`` (unmodified model on each search set), ``searches``
     (best fitness per task and seed), ``scales`` (the curves) and ``differences`` (paired Δλ on each
     test set, with the share of the method's answers that ran out of new tokens), the last also
     written to ``regime_search.csv``."""
-    regime = choose_regime(table, rs)
-    if regime is None:
-        return None
     model_name, dtype = regime["model"], regime["dtype"]
     (m,) = [m for m in spec.models if m.model == model_name]
     model, tokenizer = load_model(model_name, dtype=m.dtype), load_tokenizer(model_name)
@@ -151,5 +148,5 @@ def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, 
                                         "truncated": float(per_sample.loc[per_sample.method == label, "truncated"].mean())})
     differences = pd.DataFrame(differences)
     write_csv(output_dir("results", profile) / "regime_search.csv", differences.round(4))
-    return {"regime": pd.DataFrame([regime]), "references": pd.concat(references, ignore_index=True),
+    return {"references": pd.concat(references, ignore_index=True),
             "searches": pd.DataFrame(searches), "scales": pd.DataFrame(curves), "differences": differences}

@@ -71,7 +71,8 @@ def test_the_search_runs_where_the_deficit_is_and_pairs_every_curve(tmp_path, mo
     table = _table([("kv", 6, 100, [0.9, 0.5, 0.1, 0.5, 0.9]), ("mdqa", 5, 900, [0.5] * 5)], model="tiny-llama")
     spec = PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96,), mdqa_docs=(5,)),), n=2, batch_size=4)
     rs = RegimeSearch(TINY_GA, search_n=1, test_n=3, seeds=(0, 1))
-    found = regime_search.run_regime_search(spec, rs, table, "smoke", progress=False)
+    regime = regime_search.choose_regime(table, rs)
+    found = regime_search.run_regime_search(spec, rs, table, regime, "smoke", progress=False)
     assert found["searches"][["task", "seed"]].values.tolist() == [["kv", 0], ["kv", 1], ["mdqa", 0], ["mdqa", 1]]
     lpes = found["scales"]["LPES kv s0"]
     np.testing.assert_allclose(found["scales"]["PI kv s0"], np.mean(lpes))  # PI: the curve's mean scale on every layer
