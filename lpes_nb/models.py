@@ -28,6 +28,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from . import machine
+from .machine import cache_dir, cpu_has_native_bf16
+
 from .results import atomic_directory
 from .rope import find_rope_stack
 
@@ -98,10 +101,6 @@ TINY_MODELS = {
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LPES_CACHE_DIR", Path.home() / ".cache" / "lpes_nb"))
 
 
 def embedded_parts(name: str = EMBEDDED) -> list[Path]:
@@ -212,26 +211,29 @@ def _gpu_settings() -> dict:
     return dict(dtype=torch.bfloat16, attn_implementation="flash_attention_2" if has_flash else "sdpa")
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16). Without it PyTorch emulates
-    bf16 matmuls, measured ~6x slower than float32 here; with it a bf16 forward was ~2x faster."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:  # not Linux: no way to know, so no bf16
-            return False
-    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``"auto"``: bfloat16 where the CPU has native bf16, else float32 (on a GPU the loader's bf16).
     Use ``"auto"`` only where bf16's agreement with float32 has been measured for the task (notebook
-    8 does it for the embedded Qwen); results are keyed by the dtype that was used."""
+    8 does it for the embedded Qwen); results are keyed by the dtype that was used. On a CPU where a
+    bf16 matmul would kill the process (:mod:`lpes_nb.machine`), ``"bfloat16"`` raises
+    :class:`~lpes_nb.machine.Bf16Unsafe` and ``"auto"`` falls back to float32 with a printed warning."""
     if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() or cpu_has_native_bf16() else torch.float32
-    if dtype is None or dtype in DTYPES.values():
-        return dtype
+        if torch.cuda.is_available():
+            return torch.bfloat16
+        if not cpu_has_native_bf16():
+            return torch.float32
+        status = machine.ensure_bf16_safety()
+        if not status.safe:
+            print(f"[models] dtype 'auto' takes float32, not bf16: {status.detail}")
+            return torch.float32
+        return torch.bfloat16
+    dtype = dtype if dtype is None or dtype in DTYPES.values() else _named(dtype)
+    if dtype == torch.bfloat16 and not torch.cuda.is_available():
+        machine.require_bf16()
+    return dtype
+
+
+def _named(dtype) -> torch.dtype:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)} (or that torch dtype), got {dtype!r}")
     return DTYPES[dtype]

@@ -1,3 +1,4 @@
+import lpes_nb  # noqa: F401  (first: decides bf16 safety before torch loads, lpes_nb.machine)
 import pytest
 import torch
 
