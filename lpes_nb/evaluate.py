@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import prefix
 from .data import Sample
 from .methods import Baseline, FixedSpecs, Method
 from .rope import RopeSpec
@@ -195,11 +196,17 @@ def token_segments(tokenizer, sample: Sample) -> list[int]:
 
 def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequence[RopeSpec | None] | None = None,
                      settings: EvalSettings = EvalSettings(), progress: bool = True, method: Method | None = None,
-                     fixed_length: bool = False) -> pd.DataFrame:
+                     fixed_length: bool = False, shared_prefix: bool = True, gold_logprob: bool = False) -> pd.DataFrame:
     """One row per sample: task, position, sample, correct (+ gold_logprob or prediction).
 
     The model runs under per-layer ``specs`` or under a ``method`` from :mod:`lpes_nb.methods` (whose
-    context may depend on each batch's inputs, e.g. document membership), not both."""
+    context may depend on each batch's inputs, e.g. document membership), not both.
+
+    ``shared_prefix``: the prompts of one record (same task, record and size, at several gold
+    positions) share the keys and values of their common prefix (:mod:`lpes_nb.prefix`) where the
+    method and the model allow it; otherwise, and for ``fixed_length`` decoding, the plain batched
+    path. ``gold_logprob`` (generate mode, shared path): also the teacher-forced log-probability of
+    the gold answer (best alias) and whether greedy decoding would start with it."""
     if specs is not None and method is not None:
         raise ValueError("give either specs or a method, not both")
     prompts = [encode(tokenizer, s, settings.chat) for s in samples]
@@ -221,7 +228,37 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
              "prompt_tokens": len(p)} for s, p in zip(samples, prompts)]
     if specs is not None:
         method = FixedSpecs(specs)
-    if settings.mode == "score":
+    method = method or Baseline()
+    shared = (shared_prefix and method.shares_prefix and not fixed_length and not settings.chat
+              and prefix.supports_sharing(model))
+    if gold_logprob and (settings.mode != "generate" or not shared):
+        raise ValueError("gold_logprob comes with generate mode on the shared-prefix path (score mode has it anyway); "
+                         f"got mode={settings.mode!r}, method {method.name} shares_prefix={method.shares_prefix}")
+    if shared:
+        groups = record_groups(samples)
+        if settings.mode == "score":
+            kept = [pair for pair, ok in zip(pairs, fits) if ok]
+            results = _score_shared(model, prompts, kept, groups, method, progress)
+            for row in rows:
+                row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
+            for (i, _), (c, lp) in zip(kept, results):
+                rows[i]["correct"] = max(rows[i]["correct"], float(c))
+                rows[i]["gold_logprob"] = max(rows[i]["gold_logprob"], lp)
+                rows[i]["skipped"] = False
+        else:
+            keep = [i for i in range(len(samples)) if fits[i]]
+            targets = ([[target_ids(tokenizer, a, settings.chat) for a in dict.fromkeys(samples[i].answers)] for i in range(len(samples))]
+                       if gold_logprob else None)
+            answers, scores = _generate_shared(model, tokenizer, prompts, keep, groups, method, settings, targets, progress)
+            for row in rows:
+                row.update(correct=0.0, prediction=None, skipped=True)
+            for i, (text, ended) in zip(keep, answers):
+                s = samples[i]
+                rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False,
+                               truncated=not ended, **copy_columns(s, text))
+                if gold_logprob:
+                    rows[i].update(gold_first=float(scores[i][0]), gold_logprob=scores[i][1])
+    elif settings.mode == "score":
         kept = [pair for pair, ok in zip(pairs, fits) if ok]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept], settings.batch_size,
@@ -244,6 +281,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
             rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False,
                            truncated=not ended, **copy_columns(s, text))
     df = pd.DataFrame(rows)
+    df.attrs["shared_prefix"] = shared
     skipped = int(df["skipped"].sum())
     truncated = int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0
     if truncated and progress:  # quiet callers (a GA's thousands of scorings) keep the count in the column
@@ -252,5 +290,67 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     if skipped:
         print(f"[evaluate] skipped {skipped} of {len(df)} samples longer than the model's positions")
     out = df[~df["skipped"]].drop(columns="skipped").reset_index(drop=True)
-    out.attrs["skipped"] = skipped
+    out.attrs.update(skipped=skipped, shared_prefix=shared)
     return out
+
+
+def record_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """Indices of the samples that are one record at several gold positions (same task, record, size)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault((s.task, s.sample_id, s.num_items), []).append(i)
+    return list(groups.values())
+
+
+@torch.inference_mode()
+def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool) -> list[tuple[bool, float]]:
+    """:func:`score_targets` through shared prefixes: per (sample, target) pair, (correct, log-prob)."""
+    out: list[tuple[bool, float]] = [(False, 0.0)] * len(pairs)
+    by_sample: dict[int, list[int]] = {}
+    for k, (i, _) in enumerate(pairs):
+        by_sample.setdefault(i, []).append(k)
+    with method.context(model, max(len(p) for p in prompts), None):
+        for group in tqdm(groups, desc="scoring (shared prefixes)", disable=not progress, leave=False):
+            ks = [k for i in group for k in by_sample.get(i, [])]
+            if not ks:
+                continue
+            logits, _ = prefix.prefill(model, [prompts[pairs[k][0]] for k in ks], [pairs[k][1] for k in ks])
+            for k, rows in zip(ks, logits):
+                target = torch.tensor(pairs[k][1])
+                logp = torch.log_softmax(rows[:-1].float(), dim=-1)
+                out[k] = (bool((logp.argmax(-1) == target).all()), float(logp.gather(1, target[:, None]).sum()))
+    return out
+
+
+@torch.inference_mode()
+def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, settings: EvalSettings, targets, progress: bool):
+    """:func:`generate_answers` through shared prefixes (decoding batched ``settings.batch_size`` at a
+    time): the answers of the ``keep`` prompts in their order, and per sample index (gold first,
+    best gold log-prob) where ``targets`` are given."""
+    kept = set(keep)
+    answers: dict[int, tuple[str, bool]] = {}
+    scores: dict[int, tuple[bool, float]] = {}
+    pending: list[tuple[int, list, int, torch.Tensor]] = []
+
+    def decode():
+        done = prefix.greedy_decode(model, tokenizer, [p[1] for p in pending], [p[2] for p in pending], [p[3] for p in pending],
+                                    settings.max_new_tokens, settings.stop_at_newline)
+        answers.update({p[0]: a for p, a in zip(pending, done)})
+        pending.clear()
+
+    with method.context(model, max(len(p) for p in prompts), None):
+        for group in tqdm(groups, desc="generating (shared prefixes)", disable=not progress, leave=False):
+            group = [i for i in group if i in kept]
+            if not group:
+                continue
+            logits, kvs = prefix.prefill(model, [prompts[i] for i in group])
+            for i, last, kv in zip(group, logits, kvs):
+                if targets is not None:
+                    judged = [prefix.continuation_logprob(model, kv, len(prompts[i]), last, t) for t in targets[i]]
+                    scores[i] = (any(c for c, _ in judged), max(lp for _, lp in judged))
+                pending.append((i, kv, len(prompts[i]), last))
+            if len(pending) >= settings.batch_size:
+                decode()
+        if pending:
+            decode()
+    return [answers[i] for i in keep], scores

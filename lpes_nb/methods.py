@@ -37,6 +37,10 @@ class Method:
     """The protocol every compared method implements; the evaluator calls exactly these members.
 
     * ``name``: display name; ``needs_segments``: receive each token's document membership.
+    * ``shares_prefix``: whether prompts that start alike may share the keys and values of their
+      common prefix (:mod:`lpes_nb.prefix`): True only where every token's rotation depends on its own
+      position alone, not on the prompt's length, later tokens or document membership, and the
+      method runs the model's own forward. Every method states it (a test checks the registry).
     * ``specs(model, length, segments)``: per-layer RoPE specs for a batch (``None``: unpatched).
     * ``context(model, length, segments)``: what is entered around each batch; by default a
       :class:`~lpes_nb.rope.RopePatch` with :meth:`specs`.
@@ -48,6 +52,7 @@ class Method:
 
     name = "method"
     needs_segments = False
+    shares_prefix: bool  # no default: each method says (see above)
 
     def specs(self, model, length: int, segments: list[list[int]] | None) -> list[RopeSpec | None] | None:
         return None
@@ -79,6 +84,7 @@ def _segment_tensor(segments: list[list[int]]) -> torch.Tensor:
 @dataclass
 class Baseline(Method):
     name = "baseline"
+    shares_prefix = True
 
 
 @dataclass
@@ -87,6 +93,11 @@ class FixedSpecs(Method):
 
     fixed: Sequence[RopeSpec | None] | dict
     name = "specs"
+
+    @property
+    def shares_prefix(self) -> bool:  # head scales computed from the prefill depend on the whole prompt
+        specs = self.fixed.values() if isinstance(self.fixed, dict) else self.fixed
+        return not any(s is not None and callable(s.heads) for s in specs)
 
     def specs(self, model, length, segments):
         return self.fixed
@@ -98,6 +109,7 @@ class LayerScales(Method):
 
     scales: Sequence[float]
     label: str = "LPES"
+    shares_prefix = True
 
     @property
     def name(self) -> str:
@@ -138,6 +150,7 @@ class DynamicNTK(Method):
     factor: float = 2.0
     original_max_positions: int | None = None
     name = "Dynamic NTK"
+    shares_prefix = False  # the base follows the whole input's length
 
     def __post_init__(self):
         if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not self.factor >= 1:
@@ -187,6 +200,7 @@ class Caliope(Method):
     delta_0: float = 1000.0  # Decay: gap_i = delta_0 * lam ** i
     lam: float = 0.95
     needs_segments = True
+    shares_prefix = False  # positions shift by document membership, which differs between gold positions
 
     def __post_init__(self):
         if self.kind not in CALIOPE_KINDS:
@@ -236,6 +250,7 @@ class AttentionBuckets(Method):
 
     bases: Sequence[float] | None = None
     name = "Attention Buckets"
+    shares_prefix = False  # several passes of its own, one cache per base
 
     def __post_init__(self):
         if self.bases is not None:
@@ -326,6 +341,7 @@ class MsPoE(Method):
     max_scale: float = 1.8
     first_layer: int = 2
     name = "Ms-PoE"
+    shares_prefix = False  # head scales from the last query of the whole prompt
 
     def __post_init__(self):
         positive_real(self.min_scale, "Ms-PoE min scale")
@@ -352,6 +368,7 @@ class LASP(Method):
     anchor: float = 0.5
     max_scale: float = 2.0
     base_factor: float = 4.0
+    shares_prefix = True
 
     def __post_init__(self):
         if self.kind not in ("scale", "base", "both"):

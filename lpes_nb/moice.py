@@ -102,6 +102,7 @@ class MoICE(Method):
     recipe: str | None = field(default=None, repr=False, compare=False)
     train: Callable[[], Router] | None = field(default=None, repr=False, compare=False)
     name = "MoICE"
+    shares_prefix = False  # its own attention function: not shown exact over a cropped cache, so not shared
 
     @property
     def trained(self) -> bool:

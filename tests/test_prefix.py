@@ -1,0 +1,95 @@
+"""Shared-prefix evaluation is the plain path, computed once per common prefix: float32 last-token
+logits within 1e-4 and identical answers for every method that shares, on tiny and both embedded
+models; every registered method declares whether it shares."""
+
+import numpy as np
+import pytest
+import torch
+
+from lpes_nb import prefix
+from lpes_nb.benchmarks import METHODS
+from lpes_nb.evaluate import EvalSettings, encode, evaluate_samples
+from lpes_nb.methods import LASP, Baseline, Method, MsPoE, lpes
+from lpes_nb.models import QWEN, load_model, load_tokenizer
+from lpes_nb.tasks import TASKS, TaskConfig
+
+
+def test_the_plan_shares_the_longest_prefixes():
+    prompts = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9], [1, 2, 7, 7, 7, 7], [1, 2, 3, 4, 5, 8]]
+    plan = prefix.PrefixPlan.of(prompts)
+    assert plan.anchor == 0 and plan.shared == (0, 3, 2, 5)
+    assert prefix.token_ratio([prompts]) == pytest.approx((24 - 10) / 24)
+    # a prompt equal to the anchor still computes its last token (its logits start the answer)
+    assert prefix.PrefixPlan.of([[1, 2, 3], [1, 2, 3]]).shared[1] == 2
+
+
+def test_every_registered_method_declares_whether_it_shares():
+    for name, make in METHODS.items():
+        method = make([1.0] * 4, None)
+        declared = [c for c in type(method).__mro__ if c is not Method and "shares_prefix" in vars(c)]
+        assert declared, f"{name} ({type(method).__name__}) does not declare shares_prefix"
+        assert isinstance(method.shares_prefix, bool)
+    # what follows the whole prompt cannot share
+    assert not MsPoE().shares_prefix and not METHODS["Dynamic NTK"]([], None).shares_prefix
+    assert not METHODS["CALIOPE-Moses"]([], None).shares_prefix and not METHODS["Attention Buckets"]([], None).shares_prefix
+
+
+def _kv_samples(num_items: int, n: int = 2):
+    return TaskConfig("kv", num_items, n=n, positions=(0, num_items // 2, num_items - 1), seed=5).samples()
+
+
+def _compare(model, tokenizer, samples, methods):
+    """Shared vs plain: last-token logits of every prompt, generate-mode answers, score-mode results."""
+    prompts = [encode(tokenizer, s) for s in samples]
+    for method in methods:
+        with torch.inference_mode(), method.context(model, max(map(len, prompts)), None):
+            logits, _ = prefix.prefill(model, prompts)
+            for p, shared in zip(prompts, logits):
+                plain = model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1]
+                assert (shared[-1] - plain).abs().max() < 1e-4, method.name
+        generate = TASKS["kv"].settings(batch_size=4)
+        a = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, shared_prefix=False, progress=False)
+        b = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, shared_prefix=True, progress=False)
+        assert b.attrs["shared_prefix"] and not a.attrs["shared_prefix"]
+        assert a["prediction"].tolist() == b["prediction"].tolist(), method.name
+        assert a["truncated"].tolist() == b["truncated"].tolist()
+        score = EvalSettings(mode="score", batch_size=4)
+        a = evaluate_samples(model, tokenizer, samples, settings=score, method=method, shared_prefix=False, progress=False)
+        b = evaluate_samples(model, tokenizer, samples, settings=score, method=method, shared_prefix=True, progress=False)
+        assert a["correct"].tolist() == b["correct"].tolist()
+        assert np.abs(a["gold_logprob"] - b["gold_logprob"]).max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_shared_equals_plain_on_tiny_models(name, tokenizer):
+    model = load_model(name)
+    layers = model.config.num_hidden_layers
+    _compare(model, tokenizer, _kv_samples(8), [Baseline(), lpes(np.linspace(1.0, 3.0, layers)), LASP("both")])
+
+
+def test_shared_equals_plain_on_smollm2(smollm2, tokenizer):
+    _compare(smollm2, tokenizer, _kv_samples(12), [Baseline(), lpes(np.linspace(1.0, 2.0, smollm2.config.num_hidden_layers))])
+
+
+@pytest.mark.slow
+def test_shared_equals_plain_on_qwen(qwen):
+    _compare(qwen, load_tokenizer(QWEN), _kv_samples(12), [Baseline(), lpes(np.linspace(1.0, 2.0, qwen.config.num_hidden_layers))])
+
+
+def test_the_gold_logprob_of_generate_mode_is_the_score_modes(smollm2, tokenizer):
+    samples = _kv_samples(10)
+    gen = evaluate_samples(smollm2, tokenizer, samples, settings=TASKS["kv"].settings(4), gold_logprob=True, progress=False)
+    score = evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(mode="score"), progress=False)
+    assert np.abs(gen["gold_logprob"] - score["gold_logprob"]).max() < 1e-4
+    assert (gen["gold_first"] == score["correct"]).all()
+
+
+def test_methods_that_cannot_share_and_sliding_windows_take_the_plain_path(smollm2, tokenizer):
+    samples = _kv_samples(6, n=1)
+    out = evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(mode="score"), method=MsPoE(), progress=False)
+    assert not out.attrs["shared_prefix"]
+    gemma = load_model("tiny-gemma3")
+    assert not prefix.supports_sharing(gemma)
+    assert not evaluate_samples(gemma, tokenizer, samples, settings=EvalSettings(mode="score"), progress=False).attrs["shared_prefix"]
+    with pytest.raises(ValueError, match="gold_logprob comes with generate mode"):
+        evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(mode="score"), gold_logprob=True, progress=False)
