@@ -1,0 +1,151 @@
+"""Is the middle lost? A paired test of one map cell's position curve.
+
+The map asks every record at every gold position, so each record carries its own contrast; pairing
+removes the between-record variance (which question, how hard) that an unpaired comparison of three
+accuracies keeps. Per cell, per record r:
+
+* ``ends_minus_middle`` = (y_first + y_last) / 2 − y_middle  (the U's depth; the gated contrast)
+* ``first_minus_middle``, ``last_minus_middle``, ``first_minus_last``  (which shape: U, primacy, recency)
+
+Each contrast: the mean over records, a 95 % interval clustered by record (one difference per record:
+a t interval on the differences; for a 0/1 outcome the two-position contrasts take Newcombe's paired
+Wilson interval, never of zero width), the minimum detectable effect at 80 % power (two-sided, α =
+0.05: 2.80 · SE), and a two-sided p. The ends−middle p of every gated cell is Holm-adjusted over the
+family (``gate``). Verdicts:
+
+* ``U``: ends − middle > 0 after Holm, and the middle below each end (both point estimates > 0);
+* ``primacy`` / ``recency``: ends − middle > 0 after Holm but only one end above the middle, or
+  ends − middle not significant while first − last is (the curve falls or rises monotonically);
+* ``inverted``: ends − middle < 0 after Holm;
+* ``no deficit at MDE x``: nothing significant; a negative is stated with the smallest effect it
+  could have seen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+from .metrics import is_binary, minimum_detectable_effect
+
+CONTRASTS = {
+    "ends_minus_middle": lambda f, m, l: (f + l) / 2 - m,
+    "first_minus_middle": lambda f, m, l: f - m,
+    "last_minus_middle": lambda f, m, l: l - m,
+    "first_minus_last": lambda f, m, l: f - l,
+}
+PAIRS = {"first_minus_middle": ("first", "middle"), "last_minus_middle": ("last", "middle"), "first_minus_last": ("first", "last")}
+
+
+def paired_wide(cell: pd.DataFrame, value: str = "correct", record: str = "record", position: str = "relative_position",
+                first: float = 0.0, middle: float = 0.5, last: float = 1.0) -> pd.DataFrame:
+    """One row per record with its ``value`` at the first, middle and last position (columns first,
+    middle, last). Refuses input that is not paired: a missing position, or records absent at some
+    position, is a clear error (never a NaN result)."""
+    for col in (value, record, position):
+        if col not in cell:
+            raise ValueError(f"the cell has no column {col!r} (columns: {list(cell.columns)})")
+    found = set(cell[position].round(6))
+    for name, where in (("first", first), ("middle", middle), ("last", last)):
+        if round(where, 6) not in found:
+            raise ValueError(f"the cell has no {name} position {where} (positions: {sorted(found)}); the gate needs "
+                             "first, middle and last")
+    picked = cell[cell[position].round(6).isin({round(first, 6), round(middle, 6), round(last, 6)})]
+    if picked.duplicated([record, position]).any():
+        raise ValueError("a record appears twice at one position: the gate takes one outcome per record and position")
+    wide = picked.pivot(index=record, columns=position, values=value)
+    wide = wide.rename(columns={c: n for c in wide.columns for n, w in (("first", first), ("middle", middle), ("last", last))
+                                if round(c, 6) == round(w, 6)})[["first", "middle", "last"]]
+    complete = wide.dropna()
+    if len(complete) == 0:
+        raise ValueError("no record is present at all three positions: the comparison is not paired")
+    if len(complete) < len(wide):
+        missing = wide.index[wide.isna().any(axis=1)]
+        raise ValueError(f"{len(missing)} record(s) lack a position (first: {missing[0]!r}); a paired comparison needs "
+                         "every record at first, middle and last")
+    return complete.astype(float)
+
+
+def newcombe_paired(x: np.ndarray, y: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Newcombe's (1998, method 10) interval for the difference of two paired proportions, built from
+    the Wilson intervals of each: never of zero width, also with few discordant records."""
+    n = len(x)
+    z = stats.norm.ppf(0.5 + confidence / 2)
+
+    def wilson(k):
+        p = k / n
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return centre - half, centre + half
+
+    a, b = x.mean(), y.mean()
+    (l1, u1), (l2, u2) = wilson(x.sum()), wilson(y.sum())
+    # the correlation of the paired outcomes (phi), 0 where a margin is constant
+    both, only_x, only_y, neither = [float(np.sum(c)) for c in ((x == 1) & (y == 1), (x == 1) & (y == 0),
+                                                                 (x == 0) & (y == 1), (x == 0) & (y == 0))]
+    denom = (both + only_x) * (neither + only_y) * (both + only_y) * (neither + only_x)
+    phi = (both * neither - only_x * only_y) / np.sqrt(denom) if denom > 0 else 0.0
+    d = a - b
+    low = d - np.sqrt(max((a - l1) ** 2 - 2 * phi * (a - l1) * (u2 - b) + (u2 - b) ** 2, 0.0))
+    high = d + np.sqrt(max((u1 - a) ** 2 - 2 * phi * (u1 - a) * (b - l2) + (b - l2) ** 2, 0.0))
+    return float(max(low, -1.0)), float(min(high, 1.0))
+
+
+def contrasts(wide: pd.DataFrame) -> pd.DataFrame:
+    """The four paired contrasts of one cell (one row each): n, mean, SE, 95 % interval, MDE, p."""
+    n = len(wide)
+    binary = is_binary(wide.to_numpy().ravel())
+    rows = []
+    for name, fn in CONTRASTS.items():
+        d = fn(wide["first"].to_numpy(), wide["middle"].to_numpy(), wide["last"].to_numpy())
+        se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        if name in PAIRS and binary:
+            x, y = (wide[c].to_numpy() for c in PAIRS[name])
+            low, high = newcombe_paired(x, y)
+            discordant = int(np.sum(x != y))
+            p = float(stats.binomtest(int(np.sum((x == 1) & (y == 0))), discordant).pvalue) if discordant else 1.0
+        elif se > 0:
+            t = stats.t.ppf(0.975, n - 1)
+            low, high = d.mean() - t * se, d.mean() + t * se
+            p = float(stats.ttest_1samp(d, 0.0).pvalue)
+        else:  # every record has the same difference: no interval can be claimed from these data
+            low, high, p = -1.0, 1.0, 1.0
+        mde = minimum_detectable_effect(se) if se > 0 else float("nan")
+        rows.append({"contrast": name, "n": n, "estimate": float(d.mean()), "se": se, "ci_low": float(low),
+                     "ci_high": float(high), "mde": mde, "p": p})
+    return pd.DataFrame(rows)
+
+
+def verdict(row: dict, alpha: float = 0.05) -> str:
+    """The shape of one gated cell from its contrasts (see the module docstring)."""
+    significant = row["p_holm"] < alpha
+    first_last_clear = row["first_minus_last_ci_low"] > 0 or row["first_minus_last_ci_high"] < 0
+    if significant and row["ends_minus_middle"] < 0:
+        return "inverted"
+    if significant:
+        if row["first_minus_middle"] > 0 and row["last_minus_middle"] > 0:
+            return "U"
+        return "primacy" if row["first_minus_middle"] > 0 else "recency"
+    if first_last_clear:
+        return "primacy" if row["first_minus_last"] > 0 else "recency"
+    return f"no deficit at MDE {row['ends_minus_middle_mde']:.3f}"
+
+
+def gate(cells: dict[str, pd.DataFrame], value: str = "correct", alpha: float = 0.05, **columns) -> pd.DataFrame:
+    """The deficit table: one row per cell (``cells``: name -> long per-record table), each contrast's
+    estimate, interval, MDE and p, the ends − middle p Holm-adjusted over the cells, and the verdict."""
+    if not cells:
+        raise ValueError("gate needs at least one cell")
+    rows = []
+    for name, cell in cells.items():
+        table = contrasts(paired_wide(cell, value, **columns))
+        row = {"cell": name, "value": value, "n": int(table["n"].iloc[0])}
+        for r in table.itertuples():
+            row.update({r.contrast: r.estimate, f"{r.contrast}_ci_low": r.ci_low, f"{r.contrast}_ci_high": r.ci_high,
+                        f"{r.contrast}_mde": r.mde, f"{r.contrast}_p": r.p})
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["p_holm"] = multipletests(out["ends_minus_middle_p"], method="holm")[1]
+    out["verdict"] = [verdict(r, alpha) for r in out.to_dict(orient="records")]
+    return out

@@ -1,0 +1,93 @@
+"""The paired position gate and the data split."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lpes_nb import splits
+from lpes_nb.position_gate import contrasts, gate, newcombe_paired, paired_wide
+
+
+def _cell(n: int, accuracy: dict, seed: int = 0, noise: float = 0.1) -> pd.DataFrame:
+    """n records at positions 0 / 0.25 / 0.5 / 0.75 / 1, outcomes from one latent ability per record
+    (so positions are correlated, as real records are), with a share ``noise`` flipped independently."""
+    rng = np.random.default_rng(seed)
+    u = rng.random(n)
+    rows = []
+    for pos, acc in accuracy.items():
+        y = (u < acc).astype(float)
+        flip = rng.random(n) < noise
+        y[flip] = 1 - y[flip]
+        rows += [{"record": r, "relative_position": pos, "correct": y[r]} for r in range(n)]
+    return pd.DataFrame(rows)
+
+
+U8 = {0.0: 0.60, 0.25: 0.55, 0.5: 0.52, 0.75: 0.55, 1.0: 0.60}
+FLAT = {p: 0.55 for p in U8}
+
+
+def test_a_paired_8_point_dip_at_n_400_passes_and_is_named_a_u():
+    out = gate({"dip": _cell(400, U8)})
+    row = out.iloc[0]
+    assert row["n"] == 400 and row["verdict"] == "U"
+    assert row["ends_minus_middle_ci_low"] > 0 and row["p_holm"] < 0.05
+    assert row["ends_minus_middle"] == pytest.approx(0.08, abs=0.03)
+    # pairing is the power: the SE an unpaired comparison of the three accuracies would have is larger
+    wide = paired_wide(_cell(400, U8))
+    var = (wide.mean() * (1 - wide.mean())).to_dict()
+    unpaired_se = np.sqrt((0.25 * (var["first"] + var["last"]) + var["middle"]) / 400)
+    assert contrasts(wide).set_index("contrast").loc["ends_minus_middle", "se"] < 0.8 * unpaired_se
+
+
+def test_a_flat_curve_fails_and_states_its_mde():
+    row = gate({"flat": _cell(400, FLAT, seed=1)}).iloc[0]
+    assert row["verdict"].startswith("no deficit at MDE ")
+    assert 0 < row["ends_minus_middle_mde"] < 0.1 and f"{row['ends_minus_middle_mde']:.3f}" in row["verdict"]
+
+
+def test_primacy_and_holm_over_the_family():
+    primacy = {0.0: 0.8, 0.25: 0.6, 0.5: 0.5, 0.75: 0.45, 1.0: 0.4}
+    out = gate({"primacy": _cell(300, primacy, seed=2), "flat": _cell(300, FLAT, seed=3)}).set_index("cell")
+    assert out.loc["primacy", "verdict"] == "primacy"
+    assert (out["p_holm"] >= out["ends_minus_middle_p"]).all()
+
+
+def test_unpaired_input_and_a_missing_middle_are_refused():
+    cell = _cell(20, U8)
+    with pytest.raises(ValueError, match="no record is present at all three positions"):
+        shifted = cell.assign(record=cell["record"] + 1000 * (cell["relative_position"] == 0.5))
+        shifted = shifted[~((shifted["record"] < 1000) & (shifted["relative_position"] == 0.5))]
+        paired_wide(shifted.assign(record=np.where(shifted["relative_position"] == 0.0, shifted["record"] + 5000, shifted["record"])))
+    with pytest.raises(ValueError, match="lack a position"):
+        paired_wide(cell.drop(index=cell.index[(cell["relative_position"] == 0.5) & (cell["record"] == 3)]))
+    with pytest.raises(ValueError, match="no middle position 0.5"):
+        paired_wide(cell[cell["relative_position"] != 0.5])
+
+
+def test_newcombe_never_has_zero_width():
+    same = np.ones(30)
+    low, high = newcombe_paired(same, same)
+    assert low < 0 < high and high - low > 0.05
+    x = np.r_[np.ones(25), np.zeros(5)]
+    y = np.r_[np.ones(20), np.zeros(10)]
+    low, high = newcombe_paired(x, y)
+    assert low < 5 / 30 < high and low > -0.1
+
+
+def test_the_split_is_disjoint_and_budgets_mdqa():
+    splits.check_disjoint()
+    assert [len(splits.records("mdqa20", p)) for p in ("search", "validation", "test")] == [60, 60, 321]
+    every = splits.SPLIT[splits.SPLIT["dataset"] == "mdqa20"]["record"]
+    assert sorted(every) == list(range(441))
+    with pytest.raises(ValueError, match="parts must be disjoint"):
+        bad = pd.concat([splits.SPLIT, splits.SPLIT.iloc[[0]].assign(part="test")])
+        splits.check_disjoint(bad)
+
+
+def test_the_split_refuses_bad_requests_by_name():
+    with pytest.raises(ValueError, match="unknown part 'train'"):
+        splits.records("mdqa20", "train")
+    with pytest.raises(ValueError, match="unknown dataset 'squad'"):
+        splits.records("squad", "test")
+    with pytest.raises(ValueError, match=r"n=400 records of mdqa20/test, which holds 321"):
+        splits.records("mdqa20", "test", 400)
