@@ -127,6 +127,22 @@ def mdqa_sample(record: dict, gold_index: int, num_docs: int = 10, sample_id: in
     return Sample("mdqa", sample_id, gold_index, num_docs, prompt, tuple(record["answers"]), spans)
 
 
+CLOSED_BOOK_INSTRUCTION = "Write a high-quality answer for the given question."
+
+
+def closed_book_sample(record: dict, sample_id: int = 0) -> Sample:
+    """The question without documents (lost-in-the-middle's closed-book prompt): what the model knows
+    anyway. ``num_items`` 0."""
+    prompt = f"{CLOSED_BOOK_INSTRUCTION}\n\nQuestion: {record['question']}\nAnswer:"
+    return Sample("mdqa", sample_id, 0, 0, prompt, tuple(record["answers"]), ())
+
+
+def oracle_sample(record: dict, sample_id: int = 0) -> Sample:
+    """The question with its gold document only (the oracle setting). ``num_items`` 1."""
+    prompt, spans = qa_prompt(record["question"], [record["ctxs"][0]])
+    return Sample("mdqa", sample_id, 0, 1, prompt, tuple(record["answers"]), spans)
+
+
 # --- key-value retrieval ------------------------------------------------------------------------
 
 

@@ -18,7 +18,9 @@ family (``gate``). Verdicts:
   ends − middle not significant while first − last is (the curve falls or rises monotonically);
 * ``inverted``: ends − middle < 0 after Holm;
 * ``no deficit at MDE x``: nothing significant; a negative is stated with the smallest effect it
-  could have seen.
+  could have seen;
+* ``undetermined``: every record has the same difference (all right or all wrong everywhere): no
+  variance, no test.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def contrasts(wide: pd.DataFrame) -> pd.DataFrame:
 
 def verdict(row: dict, alpha: float = 0.05) -> str:
     """The shape of one gated cell from its contrasts (see the module docstring)."""
+    if not np.isfinite(row["ends_minus_middle_mde"]):
+        return "undetermined: every record has the same difference (ceiling or floor)"
     significant = row["p_holm"] < alpha
     first_last_clear = row["first_minus_last_ci_low"] > 0 or row["first_minus_last_ci_high"] < 0
     if significant and row["ends_minus_middle"] < 0:

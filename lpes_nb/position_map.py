@@ -20,11 +20,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .data import closed_book_sample, load_mdqa, mdqa_sample, oracle_sample
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
 from .metrics import proportion_ci, u_shape_rho
 from .models import load_model, load_tokenizer, resolve_dtype
-from .results import cached_table, output_dir, write_csv
+from .position_gate import gate
+from .results import RecordTable, cached_table, output_dir, write_csv
 from .tasks import TASKS, TaskConfig
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -103,6 +105,49 @@ def cell_samples(model, tokenizer, model_name: str, dtype: str, cfg: TaskConfig,
                         profile)
 
 
+RECORDS_VERSION = 1  # bump when the code behind a stored record changes
+
+
+def mdqa_record_table(model_name: str, dtype: str, num_docs: int, batch_size: int, profile: str) -> RecordTable:
+    """Where the map's MDQA rows of one model, dtype and document count live, record by record."""
+    settings = TASKS["mdqa"].settings(batch_size)
+    params = {"model": model_name, "dtype": dtype, "task": "mdqa", "num_docs": num_docs,
+              "positions": list(_at_positions(TaskConfig("mdqa", num_docs)).positions),
+              "conditions": ["documents", "closed_book", "oracle"], "max_new_tokens": settings.max_new_tokens,
+              "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size, "shared_prefix": True, "gold_logprob": True,
+              "version": RECORDS_VERSION}
+    return RecordTable("position_map_records", params, profile)
+
+
+def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, records, batch_size: int, profile: str,
+                 progress: bool = True, data_dir=None) -> pd.DataFrame:
+    """The map's MDQA cell of ``num_docs`` documents on the given real records (ids into the 441), each
+    at the map's gold positions, plus its closed-book and oracle answers (column ``condition``); per
+    answer the generated text judged as the original evaluation, the copy control, and the gold
+    answer's teacher-forced log-probability. Stored record by record as each finishes (resumable;
+    records already stored are read, not recomputed)."""
+    table = mdqa_record_table(model_name, dtype, num_docs, batch_size, profile)
+    records = [int(r) for r in records]
+    done, data = table.done(), load_mdqa(None, data_dir)
+    bad = [r for r in records if not 0 <= r < len(data)]
+    if bad:
+        raise ValueError(f"MDQA record ids must be in [0, {len(data) - 1}], got {bad[:5]}")
+    todo = [r for r in records if r not in done]
+    settings = TASKS["mdqa"].settings(batch_size)
+    positions = _at_positions(TaskConfig("mdqa", num_docs)).positions
+    if todo:
+        from .results import will_compute
+
+        will_compute("position_map_records", table.path)
+    for r in tqdm(todo, desc=f"MDQA-{num_docs} records, {model_name}", disable=not progress):
+        rec = data[r]
+        samples = [mdqa_sample(rec, g, num_docs, r) for g in positions] + [closed_book_sample(rec, r), oracle_sample(rec, r)]
+        df = evaluate_samples(model, tokenizer, samples, settings=settings, progress=False, gold_logprob=True)
+        df["condition"] = ["documents"] * len(positions) + ["closed_book", "oracle"]
+        table.append(r, df.to_dict(orient="records"))
+    return table.frame(records)
+
+
 def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:
     """The map's table: one row per (model, dtype, task, length, relative position) with n, accuracy,
     its Wilson 95 % interval, the copy-control rates, the truncated rate, and CALIOPE's ρ of the cell
@@ -143,6 +188,38 @@ def middle_deficits(table: pd.DataFrame, points: float = 0.10, require_clear: bo
     return pd.DataFrame(rows)
 
 
+def _nominal(per_sample: pd.DataFrame) -> pd.DataFrame:
+    """The per-sample rows with their nominal relative position and the record id (column ``record``)."""
+    rel = relative_positions(per_sample)
+    nominal = np.asarray(RELATIVE_POSITIONS)[np.abs(rel[:, None] - np.asarray(RELATIVE_POSITIONS)).argmin(axis=1)]
+    return per_sample.assign(relative_position=nominal, record=per_sample["sample"])
+
+
+def stored_cells(profile: str) -> dict[str, pd.DataFrame]:
+    """Every per-sample cell of the map in the store (the fixed-n cells of :func:`cell_samples`), by
+    name "model dtype task-items", each with nominal positions and record ids."""
+    cells = {}
+    for csv in sorted(output_dir("results", profile).glob("position_map_samples-*.csv")):
+        params = pd.read_json(csv.with_suffix(".json"), typ="series")
+        df = pd.read_csv(csv)
+        cells[f"{params['model']} {params['dtype']} {df['task'].iloc[0]}-{df['num_items'].iloc[0]}"] = _nominal(df)
+    return cells
+
+
+def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """The paired gate (:mod:`lpes_nb.position_gate`) over the map: every stored fixed-n cell on
+    accuracy, and every record-by-record cell (``record_cells``: name -> rows of
+    :func:`mdqa_records`, documents condition) on accuracy and on the gold log-probability. Holm runs
+    over the cells of one score. Written to ``position_deficits.csv``."""
+    tables = [gate(stored_cells(profile)).assign(source="map cells (fixed n)")]
+    if record_cells:
+        docs = {name: _nominal(df[df["condition"] == "documents"]) for name, df in record_cells.items()}
+        tables += [gate(docs, value).assign(source="record cells") for value in ("correct", "gold_logprob")]
+    table = pd.concat(tables, ignore_index=True)
+    write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
+    return table
+
+
 def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = None, progress: bool = True) -> pd.DataFrame:
     """Compute (or read) every cell, write ``position_length_map.csv`` and the per-sample table, and
     return the map's table. One model is loaded at a time."""
@@ -169,7 +246,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.position_map", description=__doc__)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--model", action="append", help="only this model's cells (repeatable)")
+    parser.add_argument("--mdqa-records", type=int, metavar="N", help="instead: the record-by-record MDQA cell on "
+                        "records 0..N-1 (--model, --dtype, --docs; resumable)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--docs", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.mdqa_records:
+        name = (args.model or ["qwen2.5-coder-0.5b"])[0]
+        model, tokenizer = load_model(name, dtype=args.dtype), load_tokenizer(name)
+        dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+        df = mdqa_records(model, tokenizer, name, dtype, args.docs, range(args.mdqa_records), args.batch_size, args.profile)
+        print(df.groupby(["condition", "position"])[["correct", "gold_logprob"]].mean().round(3).to_string())
+        return
     spec = named_profile(args.profile).position_map
     table = run_map(spec, args.profile, tuple(args.model) if args.model else None)
     print(middle_deficits(table).round(3).to_string(index=False))

@@ -166,3 +166,59 @@ class ResultCache:
 
     def put(self, key: str, df: pd.DataFrame) -> None:
         write_csv(self.path(key), df)
+
+
+class RecordTable:
+    """A table computed record by record: ``<name>-<key>.jsonl`` under the profile's results, one JSON
+    line per finished record (its id and its rows), with the parameters beside it as JSON. The key
+    holds everything that determines a record's rows but not how many records were asked for, so a
+    cell grows from n = 200 to 441 by computing only the new records. Each line is appended and
+    synced as its record finishes: a job stopped at any moment resumes at the next record (a torn
+    last line is dropped)."""
+
+    def __init__(self, name: str, params: dict, profile: str):
+        directory = output_dir("results", profile)
+        self.params = params
+        self.path = directory / f"{name}-{cache_key(**params)}.jsonl"
+        self.params_path = directory / f"{name}-{cache_key(**params)}.json"
+
+    def _lines(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # the torn tail of an interrupted append
+                break
+        return out
+
+    def done(self) -> set:
+        return {line["record"] for line in self._lines()}
+
+    def append(self, record, rows: list[dict]) -> None:
+        if not self.params_path.exists():
+            write_json(self.params_path, self.params)
+        lines = self._lines()
+        if self.path.exists() and len(self.path.read_text().splitlines()) != len(lines):
+            atomic_write(self.path, "".join(json.dumps(l, sort_keys=True) + "\n" for l in lines))  # drop a torn tail
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"record": record, "rows": rows}, sort_keys=True, default=_plain) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def frame(self, records=None) -> pd.DataFrame:
+        """The rows of ``records`` (default: all stored), in the order given."""
+        lines = {line["record"]: line["rows"] for line in self._lines()}
+        wanted = list(lines) if records is None else list(records)
+        missing = [r for r in wanted if r not in lines]
+        if missing:
+            raise KeyError(f"{len(missing)} record(s) not in {self.path.name} (first: {missing[0]!r}); compute them first")
+        return pd.DataFrame([row for r in wanted for row in lines[r]])
+
+
+def _plain(value):
+    """numpy scalars as Python numbers in JSON (a key or a row never holds a numpy repr)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} {value!r} as JSON")

@@ -91,3 +91,9 @@ def test_the_split_refuses_bad_requests_by_name():
         splits.records("squad", "test")
     with pytest.raises(ValueError, match=r"n=400 records of mdqa20/test, which holds 321"):
         splits.records("mdqa20", "test", 400)
+
+
+def test_a_cell_at_the_ceiling_is_undetermined_not_a_negative():
+    ceiling = _cell(50, {p: 1.0 for p in U8}, noise=0.0)
+    row = gate({"ceiling": ceiling}).iloc[0]
+    assert row["verdict"].startswith("undetermined") and row["ends_minus_middle_ci_low"] == -1.0

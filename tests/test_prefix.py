@@ -93,3 +93,13 @@ def test_methods_that_cannot_share_and_sliding_windows_take_the_plain_path(smoll
     assert not evaluate_samples(gemma, tokenizer, samples, settings=EvalSettings(mode="score"), progress=False).attrs["shared_prefix"]
     with pytest.raises(ValueError, match="gold_logprob comes with generate mode"):
         evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(mode="score"), gold_logprob=True, progress=False)
+
+
+def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
+    from lpes_nb.throughput import forward_flops, sweep_comparison
+
+    model = load_model("tiny-llama")
+    row = sweep_comparison(model, tokenizer, _kv_samples(8), EvalSettings(mode="score"))
+    assert row["identical"] and 0 < row["token_ratio"] < 1 and row["plain_s"] > 0 and row["shared_s"] > 0
+    # FLOPs of a forward: 2 x matmul parameters x tokens plus the causal attention term
+    assert forward_flops(model, 200) > 2 * 200 * sum(p.numel() for n, p in model.named_parameters() if "layers" in n and p.dim() == 2)

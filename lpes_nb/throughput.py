@@ -1,0 +1,135 @@
+"""How fast this CPU evaluates, and what shared prefixes save: ``results/bench/throughput.json``.
+
+* the CPU's GEMM peak (a 2048³ matmul, float32 and bf16 where bf16 is safe);
+* one forward per model, dtype and length (1k / 3k / 6k tokens): tokens/s, GFLOP/s and % of that
+  dtype's GEMM peak (matmul FLOPs 2 · matmul parameters · T plus attention 4 · layers · heads ·
+  head size · T² / 2, causal);
+* the MDQA-20 sweep (gold 0 / 5 / 10 / 15 / 19 on ``records`` real records): plain vs shared-prefix
+  wall time for prefill only (score mode: one teacher-forced pass) and for the full generate mode
+  (prefill + up to 100 new tokens), beside the token-count ratio the shared prefixes allow, and
+  whether the answers are identical;
+* one fitness evaluation of the search (per-layer scales, score mode on the search's samples).
+
+Every timing names the CPU it came from (:func:`lpes_nb.machine.describe_cpu`).
+Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import prefix
+from .data import load_mdqa, mdqa_sample
+from .evaluate import EvalSettings, encode, evaluate_samples, record_groups
+from .machine import describe_cpu
+from .methods import lpes
+from .models import QWEN, load_model, load_tokenizer
+from .results import output_dir, write_json
+from .tasks import TASKS, TaskConfig
+
+MDQA_GOLD = (0, 5, 10, 15, 19)
+
+
+def gemm_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    a = torch.randn(size, size).to(dtype)
+    a @ a
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / float(np.median(times)) / 1e9
+
+
+def forward_flops(model, tokens: int) -> float:
+    cfg = model.config
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    if cfg.tie_word_embeddings:  # the output head is the embedding matrix
+        matmul += model.get_input_embeddings().weight.numel()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * tokens**2 / 2
+    return 2 * matmul * tokens + attention
+
+
+@torch.inference_mode()
+def forward_speed(model, tokens: int) -> dict:
+    ids = torch.randint(100, 1000, (1, tokens))
+    model(input_ids=ids[:, :64], logits_to_keep=1)
+    start = time.perf_counter()
+    model(input_ids=ids, logits_to_keep=1)
+    seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "gflops": forward_flops(model, tokens) / seconds / 1e9}
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None) -> dict:
+    """Plain vs shared wall time of one evaluation, the token ratio and whether the results agree."""
+    plain, t_plain = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
+                                                     shared_prefix=False, progress=False))
+    shared, t_shared = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
+                                                       shared_prefix=True, progress=False))
+    prompts = [encode(tokenizer, s) for s in samples]
+    ratio = prefix.token_ratio([[prompts[i] for i in g] for g in record_groups(samples)])
+    column = "prediction" if settings.mode == "generate" else "correct"
+    return {"prompts": len(samples), "mode": settings.mode, "plain_s": t_plain, "shared_s": t_shared,
+            "time_ratio": t_shared / t_plain, "token_ratio": ratio,
+            "identical": bool((plain[column].to_numpy() == shared[column].to_numpy()).all())}
+
+
+def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, progress: bool = True) -> dict:
+    cpu = describe_cpu()
+    dtypes = ["float32"] + (["bfloat16"] if cpu["bf16"]["safe"] and cpu["native_bf16"] else [])
+    report: dict = {"cpu": cpu, "torch_threads": torch.get_num_threads(),
+                    "gemm_gflops": {d: gemm_gflops(getattr(torch, d)) for d in dtypes}, "forward": [], "sweeps": []}
+    for name in ("smollm2-135m", QWEN):
+        for dtype in dtypes:
+            model = load_model(name, dtype=dtype)
+            for tokens in lengths:
+                row = {"model": name, "dtype": dtype, **forward_speed(model, tokens)}
+                row["percent_of_gemm_peak"] = 100 * row["gflops"] / report["gemm_gflops"][dtype]
+                report["forward"].append(row)
+                if progress:
+                    print(row)
+    dtype = dtypes[-1]
+    model, tokenizer = load_model(QWEN, dtype=dtype), load_tokenizer(QWEN)
+    data = load_mdqa(records)
+    samples = [mdqa_sample(r, g, 20, i) for i, r in enumerate(data) for g in MDQA_GOLD]
+    for settings in (EvalSettings(mode="score", batch_size=8), TASKS["mdqa"].settings(8)):
+        row = {"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype,
+               **sweep_comparison(model, tokenizer, samples, settings)}
+        report["sweeps"].append(row)
+        if progress:
+            print(row)
+    smol, smol_tok = load_model("smollm2-135m"), load_tokenizer("smollm2-135m")
+    search = TaskConfig("kv", 20, n=10, seed=7).samples()
+    scales = lpes(np.linspace(1.0, 2.0, smol.config.num_hidden_layers))
+    row = {"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
+           "model": "smollm2-135m", "dtype": "float32", **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales)}
+    report["sweeps"].append(row)
+    if progress:
+        print(row)
+    write_json(out or output_dir("results", "cpu") / "bench" / "throughput.json", report)
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.throughput", description=__doc__)
+    parser.add_argument("--records", type=int, default=10)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    run(args.records, out=args.out)
+
+
+if __name__ == "__main__":
+    main()
