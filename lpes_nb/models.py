@@ -279,6 +279,14 @@ def load_model(
     return _no_cache_outside_generate(model.eval())
 
 
+def trained_window(name: str) -> int:
+    """A model's trained context window (``max_position_embeddings``), from its config alone."""
+    if name in TINY_MODELS:
+        return int(tiny_config(name).max_position_embeddings)
+    source = ensure_embedded(name=name) if name in EMBEDDED_MODELS else name
+    return int(AutoConfig.from_pretrained(source).max_position_embeddings)
+
+
 def load_tokenizer(name: str = EMBEDDED) -> PreTrainedTokenizerBase:
     """Tokenizer for ``name``; tiny models share the default embedded model's vocabulary and tokenizer."""
     if name in EMBEDDED_MODELS or name in TINY_MODELS:

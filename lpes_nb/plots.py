@@ -218,3 +218,42 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
     fig.colorbar(im, ax=axes, label="accuracy (%)", shrink=0.8)
     fig.suptitle(title)
     return fig
+
+
+def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: pd.DataFrame, title: str,
+                paper: pd.DataFrame | None = None, paper_label: str = ""):
+    """One record cell of the map: (a) accuracy (%) by relative gold position with Wilson 95 %
+    intervals, the closed-book and oracle accuracy as bands, and the paper's curve beside; (b) and
+    (c) each position's paired difference to the mean of the two ends (accuracy in points, gold
+    log-probability in nats) with record-clustered 95 % intervals; below zero is a lost middle."""
+    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.6))
+    docs = summary[summary["condition"] == "documents"].sort_values("relative_position")
+    x = docs["relative_position"]
+    ax = axes[0]
+    for condition, colour in (("closed_book", "0.55"), ("oracle", "#009E73")):
+        row = summary[summary["condition"] == condition]
+        if len(row):
+            r = row.iloc[0]
+            ax.axhspan(100 * r["ci_low"], 100 * r["ci_high"], color=colour, alpha=0.18, lw=0)
+            ax.axhline(100 * r["accuracy"], color=colour, ls=":", lw=1.2,
+                       label=f"{condition.replace('_', '-')} {100 * r['accuracy']:.0f} % (n = {int(r['n'])})")
+    ax.errorbar(x, 100 * docs["accuracy"], yerr=100 * np.vstack([docs["accuracy"] - docs["ci_low"], docs["ci_high"] - docs["accuracy"]]),
+                fmt="o-", capsize=3, color="#0072B2", label=f"ours (n = {int(docs['n'].min())} per position)")
+    if paper is not None and len(paper):
+        ax.plot(paper["relative_position"], paper["accuracy_percent"], "s--", color="#D55E00", label=paper_label)
+    ax.set_xlabel("relative gold position")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="center right", fontsize=7.5)
+    for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
+        scale = 100 if unit.startswith("accuracy") else 1
+        a.axhline(0, color="k", lw=0.8)
+        a.errorbar(d["relative_position"], scale * d["difference"],
+                   yerr=scale * np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
+                   fmt="o-", capsize=3, color="#0072B2")
+        a.set_xlabel("relative gold position")
+        a.set_ylabel(f"Δ to the ends' mean ({unit})")
+    axes[1].set_title("paired, per record")
+    axes[2].set_title("paired, per record")
+    fig.suptitle(title)
+    return fig

@@ -13,9 +13,10 @@ Wilson interval, never of zero width), the minimum detectable effect at 80 % pow
 0.05: 2.80 · SE), and a two-sided p. The ends−middle p of every gated cell is Holm-adjusted over the
 family (``gate``). Verdicts:
 
-* ``U``: ends − middle > 0 after Holm, and the middle below each end (both point estimates > 0);
-* ``primacy`` / ``recency``: ends − middle > 0 after Holm but only one end above the middle, or
-  ends − middle not significant while first − last is (the curve falls or rises monotonically);
+* ``U``: ends − middle > 0 after Holm, and each end clearly above the middle (its own interval);
+* ``primacy`` / ``recency``: ends − middle > 0 after Holm but only one end clearly above the middle,
+  or ends − middle not significant while first − last is (the curve falls or rises monotonically);
+* ``U (the ends jointly …)``: ends − middle > 0 after Holm, neither end alone clear of the middle;
 * ``inverted``: ends − middle < 0 after Holm;
 * ``no deficit at MDE x``: nothing significant; a negative is stated with the smallest effect it
   could have seen;
@@ -123,14 +124,20 @@ def verdict(row: dict, alpha: float = 0.05) -> str:
     """The shape of one gated cell from its contrasts (see the module docstring)."""
     if not np.isfinite(row["ends_minus_middle_mde"]):
         return "undetermined: every record has the same difference (ceiling or floor)"
+
+    def above(name):  # this end clearly above the middle (its own 95 % interval)
+        return row[f"{name}_ci_low"] > 0
+
     significant = row["p_holm"] < alpha
     first_last_clear = row["first_minus_last_ci_low"] > 0 or row["first_minus_last_ci_high"] < 0
     if significant and row["ends_minus_middle"] < 0:
         return "inverted"
     if significant:
-        if row["first_minus_middle"] > 0 and row["last_minus_middle"] > 0:
+        if above("first_minus_middle") and above("last_minus_middle"):
             return "U"
-        return "primacy" if row["first_minus_middle"] > 0 else "recency"
+        if above("first_minus_middle") != above("last_minus_middle"):
+            return "primacy" if above("first_minus_middle") else "recency"
+        return "U (the ends jointly; neither end alone clear of the middle)"
     if first_last_clear:
         return "primacy" if row["first_minus_last"] > 0 else "recency"
     return f"no deficit at MDE {row['ends_minus_middle_mde']:.3f}"
@@ -153,3 +160,24 @@ def gate(cells: dict[str, pd.DataFrame], value: str = "correct", alpha: float = 
     out["p_holm"] = multipletests(out["ends_minus_middle_p"], method="holm")[1]
     out["verdict"] = [verdict(r, alpha) for r in out.to_dict(orient="records")]
     return out
+
+
+def differences_to_ends(cell: pd.DataFrame, value: str = "correct", record: str = "record",
+                        position: str = "relative_position") -> pd.DataFrame:
+    """Per position: the paired difference of each record's ``value`` there to the mean of its first
+    and last, with a 95 % t interval clustered by record (one difference per record) — the curve the
+    gate tests, drawn with its own uncertainty."""
+    wide_all = cell.pivot(index=record, columns=position, values=value).dropna().astype(float)
+    if wide_all.empty:
+        raise ValueError("no record is present at every position: the differences are not paired")
+    first, last = wide_all.columns.min(), wide_all.columns.max()
+    ends = (wide_all[first] + wide_all[last]) / 2
+    rows = []
+    for pos in wide_all.columns:
+        d = (wide_all[pos] - ends).to_numpy()
+        n = len(d)
+        se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        half = stats.t.ppf(0.975, n - 1) * se if se > 0 else float("nan")
+        rows.append({"relative_position": float(pos), "n": n, "difference": float(d.mean()),
+                     "ci_low": float(d.mean() - half), "ci_high": float(d.mean() + half)})
+    return pd.DataFrame(rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -53,14 +54,37 @@ class MapModel:
 
 
 @dataclass(frozen=True)
+class RecordCell:
+    """A cell computed record by record (:func:`mdqa_records`): real MDQA with ``docs`` documents on
+    the first ``n`` of the 441 records, with closed-book and oracle answers and the gold log-prob."""
+
+    model: str
+    dtype: str
+    docs: int
+    n: int
+
+    def __post_init__(self):
+        if not isinstance(self.docs, int) or not 2 <= self.docs <= 20:
+            raise ValueError(f"RecordCell.docs must be an integer in [2, 20] (the records hold 20), got {self.docs!r}")
+        if not isinstance(self.n, int) or not 1 <= self.n <= 441:
+            raise ValueError(f"RecordCell.n must be an integer in [1, 441] (the real 20-document records), got {self.n!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {self.dtype} mdqa-{self.docs}"
+
+
+@dataclass(frozen=True)
 class PositionMap:
-    """The map's settings: models, records per cell and position (``n``), batch size."""
+    """The map's settings: models, records per cell and position (``n``), batch size, and the cells
+    computed record by record (``record_cells``)."""
 
     models: tuple[MapModel, ...]
     n: int
     batch_size: int = 8
     seed: int = 300  # generated tasks: records disjoint from the other studies' seeds
     mdqa_offset: int = 200  # MDQA: questions after those the other studies use
+    record_cells: tuple[RecordCell, ...] = ()
 
     def __post_init__(self):
         if not self.models or self.n < 1 or self.batch_size < 1:
@@ -146,6 +170,84 @@ def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, r
         df["condition"] = ["documents"] * len(positions) + ["closed_book", "oracle"]
         table.append(r, df.to_dict(orient="records"))
     return table.frame(records)
+
+
+def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Every record cell of ``spec`` (computed where missing, one model load per model and dtype),
+    by name; each row carries ``model`` and ``dtype``."""
+    out, loaded = {}, {}
+    for cell in spec.record_cells:
+        dtype = str(resolve_dtype(cell.dtype)).removeprefix("torch.")
+        table = mdqa_record_table(cell.model, dtype, cell.docs, spec.batch_size, profile)
+        if not set(range(cell.n)) <= table.done() and (cell.model, dtype) not in loaded:
+            loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
+        model, tokenizer = loaded.get((cell.model, dtype), (None, None))
+        frame = mdqa_records(model, tokenizer, cell.model, dtype, cell.docs, range(cell.n), spec.batch_size, profile, progress)
+        out[cell.name] = frame.assign(model=cell.model, dtype=dtype)
+    return out
+
+
+def record_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per condition and gold position of one record cell: n, accuracy with its Wilson 95 % interval,
+    the mean gold log-probability, the truncated share."""
+    rows = []
+    for (condition, position), group in frame.groupby(["condition", "position"], sort=False):
+        k, n = int(group["correct"].sum()), len(group)
+        low, high = proportion_ci(k, n)
+        rows.append({"condition": condition, "gold_index": int(position),
+                     "relative_position": position / (group["num_items"].iloc[0] - 1) if condition == "documents" else np.nan,
+                     "n": n, "accuracy": k / n, "ci_low": low, "ci_high": high,
+                     "gold_logprob": group["gold_logprob"].mean(), "truncated": group["truncated"].mean()})
+    return pd.DataFrame(rows)
+
+
+def paper_curve(model: str, task: str = "mdqa", method: str = "Baseline") -> pd.DataFrame:
+    """A row of LPES Table 1 as data (``data/papers/lpes_table1.csv``): relative position, accuracy %."""
+    table = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "papers" / "lpes_table1.csv")
+    row = table[(table["model"] == model) & (table["task"] == task) & (table["method"] == method)]
+    if row.empty:
+        raise ValueError(f"LPES Table 1 has no row {model} / {method} / {task}; models: {sorted(set(table['model']))}")
+    return row
+
+
+def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.DataFrame, paper: pd.DataFrame,
+                           window: int) -> str:
+    """The Markdown verdict of one record cell, every number from the tables given: our curve with
+    its n, closed-book and oracle, the paired gate on accuracy and on the gold log-probability, the
+    paper's curve, and whether the paper's U is reproduced here."""
+    summary = record_summary(frame)
+    docs = summary[summary["condition"] == "documents"].sort_values("relative_position")
+    other = summary.set_index("condition")
+    tokens = int(round(frame.loc[frame["condition"] == "documents", "prompt_tokens"].mean()))
+    gated = deficits[deficits["cell"] == cell.name].set_index("value")
+
+    def pct(v):
+        return f"{100 * v:.1f}"
+
+    def gate_text(value: str, unit: float, name: str) -> str:
+        r = gated.loc[value]
+        return (f"{name}: ends − middle {unit * r['ends_minus_middle']:+.2f} [{unit * r['ends_minus_middle_ci_low']:+.2f}, "
+                f"{unit * r['ends_minus_middle_ci_high']:+.2f}], MDE {unit * r['ends_minus_middle_mde']:.2f}, "
+                f"first − last {unit * r['first_minus_last']:+.2f} [{unit * r['first_minus_last_ci_low']:+.2f}, "
+                f"{unit * r['first_minus_last_ci_high']:+.2f}], Holm p = {r['p_holm']:.2g} → **{r['verdict']}**")
+
+    paper_ends = (paper["accuracy_percent"].iloc[0] + paper["accuracy_percent"].iloc[-1]) / 2
+    paper_middle = paper.loc[paper["relative_position"] == 0.5, "accuracy_percent"].iloc[0]
+    ours = gated.loc["correct", "verdict"]
+    claim = ("reproduced" if ours.startswith("U") else
+             f"not reproduced at MDE {100 * gated.loc['correct', 'ends_minus_middle_mde']:.1f} points" if ours.startswith("no deficit")
+             else f"not reproduced: the curve is {ours}")
+    return "\n".join([
+        f"**{cell.model} ({frame['dtype'].iloc[0]}), MDQA with {cell.docs} documents** (~{tokens:,} tokens, "
+        f"{100 * tokens / window:.0f} % of its {window:,}-token window), n = {int(docs['n'].min())} records at each position:",
+        f"- accuracy (first → last) {' / '.join(pct(a) for a in docs['accuracy'])} %; closed-book "
+        f"{pct(other.loc['closed_book', 'accuracy'])} %, oracle {pct(other.loc['oracle', 'accuracy'])} %.",
+        f"- {gate_text('correct', 100, 'accuracy (points)')}.",
+        f"- {gate_text('gold_logprob', 1, 'gold log-probability (nats)')}.",
+        f"- LPES Table 1, {paper['model'].iloc[0]} baseline (n = 500, no intervals): "
+        f"{' / '.join(f'{a:.1f}' for a in paper['accuracy_percent'])} %, ends − middle {paper_ends - paper_middle:+.1f} points.",
+        f"- The paper's U on accuracy: **{claim}**.",
+    ])
 
 
 def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:

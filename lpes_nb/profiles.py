@@ -1,6 +1,7 @@
 """The named configurations of the notebooks: ``smoke`` (tiny random model, CI), ``cpu`` (the
-committed run on the embedded model), ``gpu`` (the embedded models where the papers measure: notebook
-9's map to 60-90 % of each window and the search at the paper's budget there), ``gpu-dry`` (the gpu
+committed run on the embedded model), ``gpu`` (the embedded models on a GPU: notebook 9's map
+on long prompts — the analogue of the papers' Vicuna rows, which fill a 4k window — and the LPES Qwen
+setting, MDQA-20 on all 441 records, with the search at the paper's budget), ``gpu-dry`` (the gpu
 profile's notebook 9 on tiny random models, in CI), ``paper`` (the papers' settings, for a GPU) and
 ``paper-dry`` (the paper's shapes on a small random model, to measure what the paper profile costs).
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 
 from .evaluate import EvalSettings
 from .ga import GAConfig
-from .position_map import MapModel, PositionMap
+from .position_map import MapModel, PositionMap, RecordCell
 from .regime_search import RegimeSearch
 from .tasks import TaskConfig
 
@@ -209,7 +210,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1),
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=2, bench_n=2),
         position_map=PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96, 192), mdqa_docs=(5,)),
-                                         MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=())), n=2),
+                                         MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=())), n=2,
+                                 record_cells=(RecordCell("tiny-llama", "float32", docs=5, n=2),)),
         regime_search=RegimeSearch(GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), search_n=2, test_n=3),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
@@ -253,7 +255,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         # next cells (notebook 9 says so)
         position_map=PositionMap(models=(MapModel("smollm2-135m", "float32", lengths=(256, 512, 1024), mdqa_docs=(10,)),
                                          MapModel("qwen2.5-coder-0.5b", "bfloat16", lengths=(256, 512), mdqa_docs=(10,))),
-                                 n=30),
+                                 n=30,
+                                 # the LPES paper's Qwen setting (MDQA with 20 documents, ~3k tokens of a 32k
+                                 # window), record by record; grows to all 441 records from the store
+                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", docs=20, n=200),)),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
         # SE it reached). Not run: the committed map shows no deficit.
@@ -321,8 +326,9 @@ def _paper_dry(paper: Profile) -> Profile:
 
 PROFILES["paper-dry"] = _paper_dry(PROFILES["paper"])
 
-# The embedded models where the papers measure: the map continued to 60-90 % of each trained window
-# (SmolLM2 8,192 tokens, Qwen 32,768) in bf16 with 100 records per cell and position, and the search
+# The embedded models on a GPU: the map continued to long prompts of each trained window (SmolLM2
+# 8,192 tokens, Qwen 32,768; the analogue of the papers' Vicuna rows, which fill a 4k window; the
+# papers' Qwen rows sit at 2-8 % of a 130k window, which the record cell below covers) in bf16 with 100 records per cell and position, and the search
 # at the paper's GA budget in the regime with the largest deficit, a search set of 200 records per
 # position (MDQA: the 141 real records left after the test set's 300), the test set at the paper's
 # 500, two seeds, and the transfer KV <-> MDQA. ``python -m lpes_nb.costs plan --profile gpu`` gives
@@ -333,7 +339,9 @@ PROFILES["gpu"] = replace(
                                               mdqa_docs=(10, 20)),
                                      MapModel("qwen2.5-coder-0.5b", "bfloat16",
                                               lengths=(512, 1024, 2048, 4096, 8192, 16384, 20480, 24576, 28672), mdqa_docs=(10, 20))),
-                             n=100, batch_size=16),
+                             n=100, batch_size=16,
+                             # the LPES Qwen setting at the paper's record count (all 441 real 20-document records)
+                             record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", docs=20, n=441),)),
     regime_search=RegimeSearch(GAConfig(), search_n=200, test_n=500),
 )
 
@@ -346,7 +354,8 @@ def _gpu_dry(gpu: Profile) -> Profile:
     return replace(
         gpu, name="gpu-dry", model="tiny-llama",
         position_map=PositionMap(models=(MapModel("tiny-llama", "bfloat16", lengths=(96, 192), mdqa_docs=(5,)),
-                                         MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=(5,))), n=2, batch_size=4),
+                                         MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=(5,))), n=2, batch_size=4,
+                                 record_cells=(RecordCell("tiny-qwen2", "bfloat16", docs=5, n=2),)),
         regime_search=replace(gpu.regime_search, ga=small_ga, search_n=2, test_n=2, points=-1.0, require_clear=False),
     )
 

@@ -97,3 +97,9 @@ def test_a_cell_at_the_ceiling_is_undetermined_not_a_negative():
     ceiling = _cell(50, {p: 1.0 for p in U8}, noise=0.0)
     row = gate({"ceiling": ceiling}).iloc[0]
     assert row["verdict"].startswith("undetermined") and row["ends_minus_middle_ci_low"] == -1.0
+
+
+def test_a_fall_from_the_first_position_to_a_floor_is_primacy_not_a_u():
+    fall = {0.0: 0.35, 0.25: 0.15, 0.5: 0.15, 0.75: 0.15, 1.0: 0.16}
+    row = gate({"fall": _cell(300, fall, seed=4, noise=0.02)}).iloc[0]
+    assert row["p_holm"] < 0.05 and row["verdict"] == "primacy"

@@ -82,3 +82,13 @@ def test_bash_command_runs_or_is_named_with_a_reason(command):
     done = subprocess.run([*words, "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{command!r} --dry-run failed:\n{done.stdout}\n{done.stderr}"
     assert "[run] dry run" in done.stdout
+
+
+def test_the_wrong_regime_premise_is_gone():
+    """The papers measure their Qwen U at 2-8 % of a 130k window (LPES Table 1), not at "40-90 % of
+    the window": no text of the workbook says otherwise."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    for path in [root / "README.md", *sorted((root / "notebooks").glob("*.ipynb")), *sorted((root / "lpes_nb").glob("*.py"))]:
+        assert not re.search(r"[46]0\s*[–-]\s*90\s*%", path.read_text()), f"{path.name} still states the 40-90 % premise"
