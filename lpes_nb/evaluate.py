@@ -234,35 +234,14 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     if gold_logprob and (settings.mode != "generate" or not shared):
         raise ValueError("gold_logprob comes with generate mode on the shared-prefix path (score mode has it anyway); "
                          f"got mode={settings.mode!r}, method {method.name} shares_prefix={method.shares_prefix}")
-    if shared:
-        groups = record_groups(samples)
-        if settings.mode == "score":
-            kept = [pair for pair, ok in zip(pairs, fits) if ok]
-            results = _score_shared(model, prompts, kept, groups, method, progress)
-            for row in rows:
-                row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
-            for (i, _), (c, lp) in zip(kept, results):
-                rows[i]["correct"] = max(rows[i]["correct"], float(c))
-                rows[i]["gold_logprob"] = max(rows[i]["gold_logprob"], lp)
-                rows[i]["skipped"] = False
-        else:
-            keep = [i for i in range(len(samples)) if fits[i]]
-            targets = ([[target_ids(tokenizer, a, settings.chat) for a in dict.fromkeys(samples[i].answers)] for i in range(len(samples))]
-                       if gold_logprob else None)
-            answers, scores = _generate_shared(model, tokenizer, prompts, keep, groups, method, settings, targets, progress)
-            for row in rows:
-                row.update(correct=0.0, prediction=None, skipped=True)
-            for i, (text, ended) in zip(keep, answers):
-                s = samples[i]
-                rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False,
-                               truncated=not ended, **copy_columns(s, text))
-                if gold_logprob:
-                    rows[i].update(gold_first=float(scores[i][0]), gold_logprob=scores[i][1])
-    elif settings.mode == "score":
+    if settings.mode == "score":
         kept = [pair for pair, ok in zip(pairs, fits) if ok]
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept], settings.batch_size,
-                                         pad, progress, method, None if segments is None else [segments[i] for i, _ in kept])
+        if shared:
+            correct, logprob = _score_shared(model, prompts, kept, record_groups(samples), method, progress)
+        else:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept], settings.batch_size,
+                                             pad, progress, method, None if segments is None else [segments[i] for i, _ in kept])
         for row in rows:
             row.update(correct=0.0, gold_logprob=-np.inf, skipped=True)
         for (i, _), c, lp in zip(kept, correct, logprob):
@@ -271,17 +250,25 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
             rows[i]["skipped"] = False
     else:
         keep = [i for i in range(len(samples)) if fits[i]]
-        answers = generate_answers(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens, settings.batch_size,
-                                   settings.stop_at_newline, progress, method,
-                                   None if segments is None else [segments[i] for i in keep], fixed_length)
+        scores = {}
+        if shared:
+            targets = ([[target_ids(tokenizer, a, settings.chat) for a in dict.fromkeys(s.answers)] for s in samples]
+                       if gold_logprob else None)
+            answers, scores = _generate_shared(model, tokenizer, prompts, keep, record_groups(samples), method, settings,
+                                               targets, progress)
+        else:
+            answers = generate_answers(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens, settings.batch_size,
+                                       settings.stop_at_newline, progress, method,
+                                       None if segments is None else [segments[i] for i in keep], fixed_length)
         for row in rows:
             row.update(correct=0.0, prediction=None, skipped=True)
         for i, (text, ended) in zip(keep, answers):
             s = samples[i]
             rows[i].update(correct=TASKS[s.task].correct(text, s.answers), prediction=text, skipped=False,
                            truncated=not ended, **copy_columns(s, text))
+            if i in scores:
+                rows[i].update(gold_first=float(scores[i][0]), gold_logprob=scores[i][1])
     df = pd.DataFrame(rows)
-    df.attrs["shared_prefix"] = shared
     skipped = int(df["skipped"].sum())
     truncated = int(df["truncated"].fillna(False).astype(bool).sum()) if "truncated" in df else 0
     if truncated and progress:  # quiet callers (a GA's thousands of scorings) keep the count in the column
@@ -303,9 +290,9 @@ def record_groups(samples: Sequence[Sample]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool) -> list[tuple[bool, float]]:
-    """:func:`score_targets` through shared prefixes: per (sample, target) pair, (correct, log-prob)."""
-    out: list[tuple[bool, float]] = [(False, 0.0)] * len(pairs)
+def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`score_targets` through shared prefixes: per (sample, target) pair, correct and log-prob."""
+    correct, logprob = np.zeros(len(pairs), dtype=bool), np.zeros(len(pairs))
     by_sample: dict[int, list[int]] = {}
     for k, (i, _) in enumerate(pairs):
         by_sample.setdefault(i, []).append(k)
@@ -318,8 +305,9 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool)
             for k, rows in zip(ks, logits):
                 target = torch.tensor(pairs[k][1])
                 logp = torch.log_softmax(rows[:-1].float(), dim=-1)
-                out[k] = (bool((logp.argmax(-1) == target).all()), float(logp.gather(1, target[:, None]).sum()))
-    return out
+                correct[k] = bool((logp.argmax(-1) == target).all())
+                logprob[k] = float(logp.gather(1, target[:, None]).sum())
+    return correct, logprob
 
 
 @torch.inference_mode()

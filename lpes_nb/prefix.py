@@ -58,8 +58,13 @@ def token_ratio(groups: Sequence[Sequence[Sequence[int]]]) -> float:
 
 
 def supports_sharing(model) -> bool:
-    """Whether every layer keeps all its keys (no sliding window), so a cache can be cropped."""
-    return not any(layer.is_sliding for layer in DynamicCache(config=model.config).layers)
+    """Whether every layer keeps all its keys (no sliding window), so a cache can be cropped, and the
+    model's own greedy decoding is plain argmax (no repetition penalty or n-gram ban in its generation
+    config, which :func:`greedy_decode` does not apply)."""
+    gen = model.generation_config
+    plain = ((gen.repetition_penalty or 1.0) == 1.0 and not gen.no_repeat_ngram_size and not gen.bad_words_ids
+             and (gen.encoder_repetition_penalty or 1.0) == 1.0)
+    return plain and not any(layer.is_sliding for layer in DynamicCache(config=model.config).layers)
 
 
 def _cache(kv: KV, upto: int | None = None) -> DynamicCache:

@@ -73,7 +73,7 @@ def test_shared_equals_plain_on_smollm2(smollm2, tokenizer):
 
 @pytest.mark.slow
 def test_shared_equals_plain_on_qwen(qwen):
-    _compare(qwen, load_tokenizer(QWEN), _kv_samples(12), [Baseline(), lpes(np.linspace(1.0, 2.0, qwen.config.num_hidden_layers))])
+    _compare(qwen, load_tokenizer(QWEN), _kv_samples(10, n=1), [lpes(np.linspace(1.0, 2.0, qwen.config.num_hidden_layers))])
 
 
 def test_the_gold_logprob_of_generate_mode_is_the_score_modes(smollm2, tokenizer):
@@ -91,6 +91,9 @@ def test_methods_that_cannot_share_and_sliding_windows_take_the_plain_path(smoll
     gemma = load_model("tiny-gemma3")
     assert not prefix.supports_sharing(gemma)
     assert not evaluate_samples(gemma, tokenizer, samples, settings=EvalSettings(mode="score"), progress=False).attrs["shared_prefix"]
+    penalised = load_model("tiny-llama")
+    penalised.generation_config.repetition_penalty = 1.1  # model.generate would apply it; greedy_decode does not
+    assert not prefix.supports_sharing(penalised)
     with pytest.raises(ValueError, match="gold_logprob comes with generate mode"):
         evaluate_samples(smollm2, tokenizer, samples, settings=EvalSettings(mode="score"), gold_logprob=True, progress=False)
 
