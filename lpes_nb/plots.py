@@ -226,7 +226,7 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     intervals, the closed-book and oracle accuracy as bands, and the paper's curve beside; (b) and
     (c) each position's paired difference to the mean of the two ends (accuracy in points, gold
     log-probability in nats) with record-clustered 95 % intervals; below zero is a lost middle."""
-    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(11.5, 4.4))
     docs = summary[summary["condition"] == "documents"].sort_values("relative_position")
     x = docs["relative_position"]
     ax = axes[0]
@@ -244,7 +244,7 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     ax.set_xlabel("relative gold position")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(loc="center right", fontsize=7.5)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7.5)  # below: the curves use the height
     for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
         scale = 100 if unit.startswith("accuracy") else 1
         a.axhline(0, color="k", lw=0.8)

@@ -163,7 +163,7 @@ def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, r
         from .results import will_compute
 
         will_compute("position_map_records", table.path)
-    for r in tqdm(todo, desc=f"MDQA-{num_docs} records, {model_name}", disable=not progress):
+    for r in tqdm(todo, desc=f"MDQA-{num_docs} records, {model_name}", disable=not progress or not todo):
         rec = data[r]
         samples = [mdqa_sample(rec, g, num_docs, r) for g in positions] + [closed_book_sample(rec, r), oracle_sample(rec, r)]
         df = evaluate_samples(model, tokenizer, samples, settings=settings, progress=False, gold_logprob=True)
