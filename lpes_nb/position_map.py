@@ -27,7 +27,7 @@ from .fitness import relative_positions
 from .metrics import proportion_ci, u_shape_rho
 from .models import load_model, load_tokenizer, resolve_dtype
 from .position_gate import gate
-from .results import RecordTable, cached_table, output_dir, write_csv
+from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
 from .tasks import TASKS, TaskConfig
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -160,8 +160,6 @@ def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, r
     settings = TASKS["mdqa"].settings(batch_size)
     positions = _at_positions(TaskConfig("mdqa", num_docs)).positions
     if todo:
-        from .results import will_compute
-
         will_compute("position_map_records", table.path)
     for r in tqdm(todo, desc=f"MDQA-{num_docs} records, {model_name}", disable=not progress or not todo):
         rec = data[r]
