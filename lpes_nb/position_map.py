@@ -288,7 +288,7 @@ def middle_deficits(table: pd.DataFrame, points: float = 0.10, require_clear: bo
     return pd.DataFrame(rows)
 
 
-def _nominal(per_sample: pd.DataFrame) -> pd.DataFrame:
+def with_nominal_positions(per_sample: pd.DataFrame) -> pd.DataFrame:
     """The per-sample rows with their nominal relative position and the record id (column ``record``)."""
     rel = relative_positions(per_sample)
     nominal = np.asarray(RELATIVE_POSITIONS)[np.abs(rel[:, None] - np.asarray(RELATIVE_POSITIONS)).argmin(axis=1)]
@@ -302,7 +302,7 @@ def stored_cells(profile: str) -> dict[str, pd.DataFrame]:
     for csv in sorted(output_dir("results", profile).glob("position_map_samples-*.csv")):
         params = pd.read_json(csv.with_suffix(".json"), typ="series")
         df = pd.read_csv(csv)
-        cells[f"{params['model']} {params['dtype']} {df['task'].iloc[0]}-{df['num_items'].iloc[0]}"] = _nominal(df)
+        cells[f"{params['model']} {params['dtype']} {df['task'].iloc[0]}-{df['num_items'].iloc[0]}"] = with_nominal_positions(df)
     return cells
 
 
@@ -313,7 +313,7 @@ def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = N
     over the cells of one score. Written to ``position_deficits.csv``."""
     tables = [gate(stored_cells(profile)).assign(source="map cells (fixed n)")]
     if record_cells:
-        docs = {name: _nominal(df[df["condition"] == "documents"]) for name, df in record_cells.items()}
+        docs = {name: with_nominal_positions(df[df["condition"] == "documents"]) for name, df in record_cells.items()}
         tables += [gate(docs, value).assign(source="record cells") for value in ("correct", "gold_logprob")]
     table = pd.concat(tables, ignore_index=True)
     write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
