@@ -95,11 +95,12 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
     for batch in tqdm(list(_batches(order, batch_size)), desc="scoring", disable=not progress, leave=False):
         ids, mask, positions, keep = forced_inputs([prompts[i] for i in batch], [targets[i] for i in batch], pad_id)
+        ids, mask, positions = ids.to(model.device), mask.to(model.device), positions.to(model.device)
         with method.context(model, ids.shape[1], None if segments is None else [segments[i] for i in batch]):
             logits = method.forward(model, ids, mask, positions, keep)
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
-            tgt = torch.tensor(targets[i])
+            tgt = torch.tensor(targets[i], device=logp.device)
             pred = target_rows(logp[row], len(tgt), keep)
             correct[i] = bool((pred.argmax(-1) == tgt).all())
             logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
@@ -144,7 +145,7 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens:
     if stop_at_newline and not fixed_length:
         extra.update(stop_strings=["\n"], tokenizer=tokenizer)
     for batch in tqdm(list(_batches(order, batch_size)), desc="generating", disable=not progress, leave=False):
-        ids, mask = _left_pad([prompts[i] for i in batch], pad_id)
+        ids, mask = (t.to(model.device) for t in _left_pad([prompts[i] for i in batch], pad_id))
         with method.context(model, ids.shape[1], None if segments is None else [segments[i] for i in batch]):
             new = method.generate(model, ids, mask, max_new_tokens, pad_token_id=pad_id, **extra)
         for row, i in enumerate(batch):
@@ -303,7 +304,7 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool)
                 continue
             logits, _ = prefix.prefill(model, [prompts[pairs[k][0]] for k in ks], [pairs[k][1] for k in ks])
             for k, rows in zip(ks, logits):
-                target = torch.tensor(pairs[k][1])
+                target = torch.tensor(pairs[k][1], device=rows.device)
                 logp = torch.log_softmax(rows[:-1].float(), dim=-1)
                 correct[k] = bool((logp.argmax(-1) == target).all())
                 logprob[k] = float(logp.gather(1, target[:, None]).sum())

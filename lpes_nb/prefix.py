@@ -78,9 +78,9 @@ def _kv(cache: DynamicCache) -> KV:
 def _forward(model, ids: Sequence[int], start: int, kv: KV | None, keep: int):
     """Forward ``ids[start:]`` after the cached first ``start`` tokens of ``kv`` (none if start = 0):
     the last ``keep`` logits and the full keys and values."""
-    tail = torch.tensor([list(ids[start:])])
+    tail = torch.tensor([list(ids[start:])], device=model.device)
     cache = _cache(kv, start) if start else DynamicCache(config=model.config)
-    out = model(input_ids=tail, position_ids=torch.arange(start, len(ids))[None], past_key_values=cache,
+    out = model(input_ids=tail, position_ids=torch.arange(start, len(ids), device=model.device)[None], past_key_values=cache,
                 use_cache=True, logits_to_keep=keep)
     return out.logits[0], _kv(out.past_key_values)
 
@@ -110,11 +110,12 @@ def continuation_logprob(model, prompt_kv: KV, prompt_len: int, last_logits: tor
     first len − 1 tokens)."""
     rows = [last_logits[-1]]
     if len(target) > 1:
-        out = model(input_ids=torch.tensor([list(target[:-1])]), position_ids=torch.arange(prompt_len, prompt_len + len(target) - 1)[None],
+        out = model(input_ids=torch.tensor([list(target[:-1])], device=model.device),
+                    position_ids=torch.arange(prompt_len, prompt_len + len(target) - 1, device=model.device)[None],
                     past_key_values=_cache(prompt_kv), use_cache=True, logits_to_keep=len(target) - 1)
         rows += list(out.logits[0])
     logp = torch.log_softmax(torch.stack(rows).float(), dim=-1)
-    tgt = torch.tensor(list(target))
+    tgt = torch.tensor(list(target), device=logp.device)
     return bool((logp.argmax(-1) == tgt).all()), float(logp.gather(1, tgt[:, None]).sum())
 
 
@@ -139,8 +140,8 @@ def greedy_decode(model, tokenizer, kvs: Sequence[KV], lengths: Sequence[int], f
     kv = [(torch.cat([padded(kvs[b][layer][0], pad[b]) for b in range(len(kvs))]),
            torch.cat([padded(kvs[b][layer][1], pad[b]) for b in range(len(kvs))])) for layer in range(len(kvs[0]))]
     cache = _cache(kv)
-    mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pad, lengths)])
-    position = torch.tensor(lengths)[:, None]
+    mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pad, lengths)], device=model.device)
+    position = torch.tensor(lengths, device=model.device)[:, None]
     ends = stop_ids(model, tokenizer)
     token = torch.stack([l[-1] for l in first_logits]).argmax(-1)
     tokens: list[list[int]] = [[] for _ in lengths]
@@ -152,7 +153,7 @@ def greedy_decode(model, tokenizer, kvs: Sequence[KV], lengths: Sequence[int], f
                 done[b] = t in ends or (stop_at_newline and "\n" in tokenizer.decode(tokens[b], skip_special_tokens=True))
         if all(done) or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones(len(lengths), 1, dtype=mask.dtype)], dim=1)
+        mask = torch.cat([mask, torch.ones(len(lengths), 1, dtype=mask.dtype, device=mask.device)], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position + step, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         cache, token = out.past_key_values, out.logits[:, -1].argmax(-1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in the project's virtual environment (created on first use):
 # the published `cpu` notebooks re-executed from the result store and compared in strict nbval mode,
-# then every notebook under the `smoke` profile, notebook 9 under `gpu-dry`, and the unit tests.
+# then every notebook under the `smoke` profile, the GPU kit dry (notebook 9 under `gpu-dry` among it), and the unit tests.
 source "$(dirname "$0")/env.sh"
 python -m lpes_nb.models --prepare smollm2-135m qwen2.5-coder-0.5b   # converts the embedded models once (cached afterwards)
 # the explorer's browser test drives Debian's chromium; install it where missing and possible
@@ -28,6 +28,9 @@ fi
 #    old results; then the unit tests.
 export LPES_OUTPUT_ROOT="$(mktemp -d)"
 python -m lpes_nb.run --profile smoke --out "$LPES_OUTPUT_ROOT/runs"
-# 3. The `gpu` profile's notebook (map, regime search, transfer) dry on tiny random models
-python -m lpes_nb.run --profile gpu-dry --only 09 --out "$LPES_OUTPUT_ROOT/runs"
+# 3. The GPU kit dry on tiny random models (carry, parity, latency, GA throughput, and as its regime
+#    step the `gpu` profile's notebook 9 under `gpu-dry`); the acceptance is under two minutes
+start=$SECONDS
+bash scripts/gpu_kit.sh "$LPES_OUTPUT_ROOT/gpu_kit" --dry
+echo "[test] gpu_kit --dry took $((SECONDS - start)) s" >&2
 exec python -m pytest tests -p no:cacheprovider "$@"

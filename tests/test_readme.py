@@ -24,6 +24,8 @@ BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 NOT_RUN_HERE = {
     "bash scripts/test.sh": "the test command itself (it is what runs this test)",
     "ray start --head": "starts a Ray cluster head that outlives the test",
+    "bash scripts/gpu_kit.sh": "the GPU kit: its real steps need a CUDA GPU (and `--steps carry` packs 1.5 GB); "
+                               "the test command runs it with --dry",
 }
 
 # cheap commands that run in full, as written

@@ -1,0 +1,79 @@
+"""The GPU kit's checks, run on the CPU with tiny random models (the real run needs CUDA)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lpes_nb import gpu_kit
+from lpes_nb.gpu_kit import DRY, ParityFailure, kit_model, parity_case, run_kit, run_parity
+
+ONE = replace(DRY, parity_models=("tiny-llama",), dtypes=("float16",), attentions=("sdpa",))
+
+
+def _pair(name="tiny-llama", dtype="float16"):
+    model = kit_model(name, dtype, "sdpa", dry=True)
+    reference = kit_model(name, "float32", "eager", dry=True)
+    reference.load_state_dict(model.state_dict())
+    return model, reference
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_parity_passes_the_right_scales_and_detects_a_layer_left_unpatched(name):
+    model, reference = _pair(name)
+    right = parity_case(model, reference, 64)
+    assert right["matches"] and right["error"] <= right["allowed"]
+    assert right["wrong_scale_detected"] and right["sensitive"]
+    wrong = parity_case(model, reference, 64, wrong_scales=True)
+    assert not wrong["matches"] and wrong["error"] > gpu_kit.DETECT * wrong["allowed"]
+
+
+def test_parity_allowance_tracks_the_dtype_floor():
+    """bf16 rounds ~8x coarser than fp16: its floor, and so its allowance, is larger."""
+    (m16, r16), (mb, rb) = _pair(dtype="float16"), _pair(dtype="bfloat16")
+    fp16, bf16 = parity_case(m16, r16, 64), parity_case(mb, rb, 64)
+    assert bf16["unpatched_error"] > 3 * fp16["unpatched_error"]
+    assert fp16["matches"] and bf16["matches"]
+
+
+def test_an_injected_wrong_scale_stops_the_kit_with_the_numbers(tmp_path):
+    with pytest.raises(ParityFailure, match="MISMATCH") as err:
+        run_parity(tmp_path, ONE, dry=True, inject_wrong_scale=True)
+    assert "wrong_scale_error" in str(err.value) and "tiny-llama" in str(err.value)
+    assert run_parity(tmp_path, ONE, dry=True)["ok"] == 1
+
+
+def test_flash_attention_without_the_package_is_reported_unavailable_not_passed(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU flash-attention may be installed")
+    result = run_parity(tmp_path, replace(ONE, attentions=("sdpa", "flash_attention_2")), dry=True)
+    assert result["ok"] == 1 and len(result["unavailable"]) == 1
+    assert result["unavailable"][0]["attention"] == "flash_attention_2"
+
+
+def test_kit_steps_write_the_schema_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_kit, "DRY", replace(DRY, latency_prompts=3, ga_candidates=2))
+    status = run_kit(tmp_path, dry=True, steps=("carry", "latency", "ga"))
+    assert status == {"carry": "done", "latency": "done", "ga": "done"}
+    carry = json.loads((tmp_path / "carry.json").read_text())["result"]
+    assert carry["round_trip_identical"] and carry["parts"] >= 1
+    latency = json.loads((tmp_path / "latency.json").read_text())
+    assert latency["machine"]["device"] == "cpu"
+    methods = {row["method"]: row for row in latency["result"]["methods"]}
+    assert set(methods) == {"baseline", "PI", "LPES", "Ms-PoE", "Attention Buckets", "MoICE (untrained)"}
+    assert methods["baseline"]["median_ratio"] == 1.0
+    assert all(r["q25_s"] <= r["median_s"] <= r["q75_s"] and r["ratio_ci_low"] <= r["median_ratio"] <= r["ratio_ci_high"]
+               for r in methods.values())
+    ga = json.loads((tmp_path / "ga.json").read_text())["result"]
+    assert ga["seconds_per_candidate"] > 0 and ga["predicted_seconds_per_candidate"] > 0
+    assert ga["measured_over_predicted"] == pytest.approx(ga["seconds_per_candidate"] / ga["predicted_seconds_per_candidate"])
+    assert run_kit(tmp_path, dry=True, steps=("carry", "latency", "ga")) == dict.fromkeys(("carry", "latency", "ga"), "done before")
+
+
+def test_kit_refuses_unknown_steps_and_a_real_run_without_cuda(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown kit step\(s\) \['warp'\]"):
+        run_kit(tmp_path, dry=True, steps=("warp",))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            run_kit(tmp_path, dry=False)
