@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import EvalSettings, evaluate_samples, token_segments
 from .methods import (
     CALIOPE_KINDS,
     LASP,
@@ -22,6 +22,7 @@ from .methods import (
     DynamicNTK,
     Method,
     MsPoE,
+    WindowOverflow,
     lpes,
     pi,
 )
@@ -65,6 +66,23 @@ def method_key(method: Method) -> str:
         return f"MoICE(bases={method.bases}, router={method.recipe})"
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
     return f"MoICE(bases={method.bases}, router={digest})"
+
+
+def runnable(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method]) -> dict[str, Method]:
+    """The methods that can run on ``samples`` with this model; each one that would move positions
+    past the model's trained window (:class:`~lpes_nb.methods.WindowOverflow`, e.g. CALIOPE-Moses's
+    10,000-position gap on an 8k window) is left out with its reason printed, never extrapolated."""
+    longest = max(samples, key=lambda s: len(tokenizer(s.prompt)["input_ids"]))
+    segments = [token_segments(tokenizer, longest)]
+    kept = {}
+    for name, method in methods.items():
+        try:
+            method.specs(model, len(segments[0]), segments if method.needs_segments else None)
+        except WindowOverflow as refusal:
+            print(f"[benchmarks] {name} left out: {refusal}")
+            continue
+        kept[name] = method
+    return kept
 
 
 def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -186,19 +186,34 @@ class SegmentOffsets:
 CALIOPE_KINDS = ("moses", "hourglass", "decay")
 
 
+class WindowOverflow(ValueError):
+    """A method would move positions past the model's trained window."""
+
+
 @dataclass
 class Caliope(Method):
-    """CALIOPE calibrators: positions shifted by document membership, Φ(t) = t + c(m(t)), in every
-    layer. Segments: 0 = instruction, 1..D = documents, D + 1 = question. ``gaps(D)`` gives the D − 1
-    gaps inserted between consecutive documents; c(m) is the sum of the gaps before segment m, so Φ is
-    strictly increasing whenever every gap is >= 0."""
+    """CALIOPE's calibrators exactly as defined in its paper (003, Sec. 5): every layer reads the
+    position Φ(t) = t + c(m(t)) (Eq. 2), where m(t) is the document a token belongs to (0 before the
+    first of the d documents; the question after the last keeps m = d) and the gap accumulation c is
+
+    * Moses (Eq. 3): c(m) = 0 for m ≤ ⌊d/2⌋, else Δ_gap (one jump after document ⌊d/2⌋);
+    * Hourglass (Eq. 4): c(m) = Σ_{k=1}^{m−1} [Δmin + 4·k/(d−1)·(1 − k/(d−1))·(Δmax − Δmin)]: the gap
+      after document k is a parabola in k, largest in the middle (Δmax near k = (d−1)/2), Δmin at k = d−1;
+    * Decay (Eq. 5): c(m) = Σ_{k=1}^{m−1} Δ0·λ^k: the first gap is Δ0·λ (950 at the defaults).
+
+    Defaults are the paper's (Δ_gap = 10,000; Δmin = 5, Δmax = 1,000; Δ0 = 1,000, λ = 0.95). A layout
+    whose last prompt token would land past the model's trained window is refused
+    (:class:`WindowOverflow`), not extrapolated silently: at the defaults Moses needs 10,000 positions
+    beyond the prompt, more than SmolLM2's 8,192-position window holds."""
 
     kind: str = "moses"  # moses | hourglass | decay
-    gap: float = 10000.0  # Moses: one gap after the middle document
-    delta_min: float = 5.0  # Hourglass: parabola from delta_max at the ends to delta_min in the middle
+    gap: float = 10000.0  # Moses: Δ_gap
+    delta_min: float = 5.0  # Hourglass: Δmin, Δmax
     delta_max: float = 1000.0
-    delta_0: float = 1000.0  # Decay: gap_i = delta_0 * lam ** i
+    delta_0: float = 1000.0  # Decay: Δ0, λ
     lam: float = 0.95
+    # in the repr (the result key): results computed under an earlier, wrong reading of Eq. 3-5 never match
+    equations: str = field(default="003 Eq. 3-5", init=False)
     needs_segments = True
     shares_prefix = False  # positions shift by document membership, which differs between gold positions
 
@@ -212,34 +227,45 @@ class Caliope(Method):
     def name(self) -> str:
         return f"CALIOPE-{self.kind.capitalize()}"
 
-    def gaps(self, num_docs: int) -> np.ndarray:
-        i = np.arange(max(num_docs - 1, 0), dtype=float)
+    def accumulated(self, num_docs: int) -> np.ndarray:
+        """c(m) for m = 0 … d (Eq. 3-5)."""
+        d, m = num_docs, np.arange(num_docs + 1)
         if self.kind == "moses":
-            g = np.zeros_like(i)
-            if len(g):
-                g[(num_docs - 1) // 2] = self.gap
-            return g
+            return np.where(m > d // 2, self.gap, 0.0)
+        k = np.arange(1, max(d, 1), dtype=float)  # the gaps after documents 1 … d − 1
         if self.kind == "hourglass":
-            centre = (len(i) - 1) / 2 if len(i) > 1 else 1.0
-            return self.delta_min + (self.delta_max - self.delta_min) * ((i - centre) / max(centre, 1e-9)) ** 2
-        return self.delta_0 * self.lam**i
+            x = k / (d - 1) if d > 1 else k
+            gaps = self.delta_min + 4 * x * (1 - x) * (self.delta_max - self.delta_min)
+        else:
+            gaps = self.delta_0 * self.lam**k
+        return np.concatenate([[0.0, 0.0], np.cumsum(gaps)])[: d + 1]  # c(0) = c(1) = 0: empty sums
+
+    def gaps(self, num_docs: int) -> np.ndarray:
+        """The gap inserted after document k, k = 1 … d − 1: c(k + 1) − c(k)."""
+        return np.diff(self.accumulated(num_docs))[1:]
 
     def offsets(self, num_docs: int) -> tuple[float, ...]:
-        """c(m) for m = 0 (instruction), 1..D (documents), D + 1 (question)."""
-        c = np.concatenate([[0.0, 0.0], np.cumsum(self.gaps(num_docs))])  # c(0) = c(1) = 0
-        return tuple(float(x) for x in np.concatenate([c, c[-1:]]))  # the question keeps the last offset
+        """Per segment (0 = instruction, 1 … d = documents, d + 1 = question): c(m(t))."""
+        c = self.accumulated(num_docs)
+        return tuple(float(x) for x in np.concatenate([c, c[-1:]]))  # the question follows document d: m = d
 
     def specs(self, model, length, segments):
         if not segments:
             raise ValueError(f"{self.name} needs each token's document segment (needs_segments=True), got "
                              f"segments={segments!r}; evaluate it through lpes_nb.evaluate, which passes them")
         num_docs = max(max(s) for s in segments) - 1
-        remap = SegmentOffsets(self.offsets(num_docs))
+        offsets = self.offsets(num_docs)
+        window = int(model.config.max_position_embeddings)
+        last = length - 1 + max(offsets)
+        if last >= window:
+            settings = {"moses": f"gap={self.gap:g}", "hourglass": f"delta_min={self.delta_min:g}, delta_max={self.delta_max:g}",
+                        "decay": f"delta_0={self.delta_0:g}, lam={self.lam:g}"}[self.kind]
+            raise WindowOverflow(
+                f"{self.name} ({settings}) puts the last of {length} prompt tokens at position {last:.0f} "
+                f"({num_docs} documents, accumulated gap {max(offsets):.0f}), past the model's trained window of {window} "
+                "positions; choose smaller gaps or a model with a longer window")
+        remap = SegmentOffsets(offsets)
         return [RopeSpec(remap=remap)] * find_rope_stack(model).num_layers
-
-
-def caliope_all(**kw) -> list[Caliope]:
-    return [Caliope(kind, **kw) for kind in CALIOPE_KINDS]
 
 
 @dataclass

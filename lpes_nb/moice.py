@@ -131,7 +131,10 @@ class MoICE(Method):
 
     def context(self, model, length, segments):
         if self.router is None and self.train is not None:
-            self.router = self.train()  # before any patch: training runs the model under its own
+            # before any patch (training runs the model under its own), and with gradients even when
+            # the evaluator enters this context under inference mode
+            with torch.inference_mode(False), torch.enable_grad():
+                self.router = self.train()
         with ExitStack() as stack:  # if entering a part fails, the parts entered before are left again
             stack.enter_context(RopePatch(model, [RopeSpec(mask=True)] * find_rope_stack(model).num_layers))
             stack.enter_context(self._active(model))

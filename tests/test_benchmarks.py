@@ -13,6 +13,7 @@ from lpes_nb.benchmarks import (
     method_samples,
 )
 from lpes_nb.fitness import position_tables
+from lpes_nb.methods import Caliope
 from lpes_nb.moice import MoICE
 from lpes_nb.rope import dynamic_ntk_base
 from tests.test_methods import SAMPLES
@@ -39,7 +40,8 @@ def test_a_trained_router_changes_the_cache_key(tiny_llama):
 
 def test_benchmark_tables_are_cached_per_method(tiny_llama, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
-    methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES", "CALIOPE-Moses")}
+    methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES", "CALIOPE-Hourglass")}
+    methods["CALIOPE-Hourglass"] = Caliope("hourglass", delta_max=100)  # the default layout overflows tiny-llama's 2k window
     first = position_tables(method_samples(tiny_llama, tokenizer, SAMPLES, methods, "bench", {"task": "t"}, "smoke", progress=False))
     assert list(first.method.unique()) == list(methods) and first["mean"].between(0, 1).all()
     assert {"rho", "fitness", "ci_low", "ci_high"} <= set(first.columns)
@@ -91,3 +93,18 @@ def test_latency_prompts_have_the_gold_document_in_the_middle():
 
     samples = benchmarks.latency_samples(TaskConfig("mdqa", 10, n=20, offset=100), 2)
     assert len(samples) == 2 and {s.position for s in samples} == {4} and [s.sample_id for s in samples] == [300, 301]
+
+
+def test_methods_past_the_window_are_left_out_loudly(tiny_llama, tokenizer, capsys):
+    """tiny-llama's 2,048 positions: CALIOPE-Moses (10,000) and -Decay (7,025 at 10 documents) cannot
+    run on a 10-item prompt; Hourglass at small gaps and the baseline can."""
+    from lpes_nb.methods import Baseline
+    from lpes_nb.tasks import TaskConfig
+
+    samples = TaskConfig("kv", 10, n=1, key_format="letters6", value_format="digits4").samples()
+    methods = {"baseline": Baseline(), "CALIOPE-Moses": Caliope("moses"), "CALIOPE-Decay": Caliope("decay"),
+               "small hourglass": Caliope("hourglass", delta_max=100)}
+    kept = benchmarks.runnable(tiny_llama, tokenizer, samples, methods)
+    assert list(kept) == ["baseline", "small hourglass"]
+    printed = capsys.readouterr().out
+    assert "CALIOPE-Moses left out" in printed and "CALIOPE-Decay left out" in printed and "window of 2048" in printed

@@ -12,11 +12,11 @@ from lpes_nb.methods import (
     LASP,
     Baseline,
     Caliope,
+    WindowOverflow,
     DynamicNTK,
     MsPoE,
     OutlierHeadScales,
     SegmentOffsets,
-    caliope_all,
     lpes,
     pi,
     rank_scales,
@@ -73,7 +73,8 @@ def test_degenerate_settings_equal_the_baseline_and_restore_the_model(tiny_llama
 def test_non_degenerate_settings_change_the_outputs(tiny_llama, tokenizer):
     base = _logprobs(tiny_llama, tokenizer, Baseline())
     for method in [pi([1.0, 2.0, 3.0, 2.0]), lpes([1.0, 2.0, 3.0, 2.0]), DynamicNTK(4.0, original_max_positions=32),
-                   *caliope_all(), MsPoE(first_layer=0), *(LASP(kind, anchor=0.0) for kind in ("scale", "base", "both"))]:
+                   Caliope("moses", gap=500), Caliope("hourglass", delta_max=300), Caliope("decay", delta_0=100),
+                   MsPoE(first_layer=0), *(LASP(kind, anchor=0.0) for kind in ("scale", "base", "both"))]:
         assert np.abs(_logprobs(tiny_llama, tokenizer, method) - base).max() > 1e-6, method.name
 
 
@@ -94,15 +95,41 @@ def test_caliope_positions_are_strictly_monotone(num_docs, kind, size, lam):
     assert torch.all(phi[1:] > phi[:-1])
 
 
-def test_caliope_gap_shapes():
-    assert Caliope("moses").gaps(10).tolist() == [0, 0, 0, 0, 10000, 0, 0, 0, 0]  # after the middle (5th) document
-    hour = Caliope("hourglass").gaps(11)
-    assert hour[0] == hour[-1] == 1000 and hour[len(hour) // 2] == pytest.approx(5, abs=30) and hour.argmin() in (4, 5)
-    np.testing.assert_allclose(Caliope("decay").gaps(4), [1000, 950, 902.5])
+def test_caliope_equals_its_paper_at_d_10_and_100():
+    """Eq. 3-5 of CALIOPE (003) at the paper's defaults, against values worked out by hand."""
+    moses = Caliope("moses")
+    assert moses.accumulated(10).tolist() == [0] * 6 + [10000] * 5  # c(m) = Δ for m > ⌊d/2⌋ = 5
+    assert moses.accumulated(100).tolist() == [0] * 51 + [10000] * 50
+    assert moses.accumulated(5).tolist() == [0, 0, 0, 10000, 10000, 10000]  # odd d: the jump after document ⌊5/2⌋ = 2
+    hour = Caliope("hourglass")
+    # gap after document k: 5 + 4 (k/9)(1 − k/9) 995; k = 1: 5 + 3980 · 8/81
+    np.testing.assert_allclose(hour.gaps(10)[0], 5 + 3980 * 8 / 81)
+    np.testing.assert_allclose(hour.gaps(10)[-1], 5)  # k = d − 1: Δmin
+    np.testing.assert_allclose(hour.accumulated(10)[-1], 45 + 3980 * 120 / 81)  # Σ k(9 − k) = 120
+    np.testing.assert_allclose(hour.accumulated(100)[-1], 495 + 3980 * 161700 / 99**2)  # Σ k(99 − k) = 161,700
+    gaps11 = hour.gaps(11)
+    assert gaps11.argmax() == 4 and gaps11.max() == pytest.approx(1000) and gaps11[0] < gaps11[4]  # largest in the middle
+    decay = Caliope("decay")
+    np.testing.assert_allclose(decay.gaps(4), [950, 902.5, 857.375])  # Δ0 λ^k from k = 1
+    np.testing.assert_allclose(decay.accumulated(10)[-1], 19000 * (1 - 0.95**9))
+    np.testing.assert_allclose(decay.accumulated(100)[-1], 19000 * (1 - 0.95**99))
+    for method in (moses, hour, decay):  # the question (segment d + 1) keeps document d's offset
+        offsets = method.offsets(10)
+        assert len(offsets) == 12 and offsets[0] == offsets[1] == 0 and offsets[-1] == offsets[-2]
     with pytest.raises(ValueError, match="unknown CALIOPE calibrator 'tent'"):
         Caliope("tent")
     with pytest.raises(ValueError, match="must be >= 0"):
         Caliope("moses", gap=-1)
+
+
+def test_caliope_refuses_a_layout_past_the_trained_window(tiny_llama):
+    """tiny-llama's window is 2,048 positions: Moses's 10,000 cannot fit; 1,000 after a 64-token prompt can."""
+    segments = [[0] * 4 + [d for d in range(1, 11) for _ in range(5)] + [11] * 10]
+    with pytest.raises(WindowOverflow, match=r"CALIOPE-Moses .* position 10063 .* trained window of 2048 positions"):
+        Caliope("moses").specs(tiny_llama, 64, segments)
+    assert len(Caliope("moses", gap=1000).specs(tiny_llama, 64, segments)) == tiny_llama.config.num_hidden_layers
+    with pytest.raises(WindowOverflow, match="CALIOPE-Decay"):
+        Caliope("decay").specs(tiny_llama, 64, segments)  # 7,025 positions of gaps
 
 
 def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
@@ -169,13 +196,16 @@ def test_lasp_schedules_are_flat_to_the_anchor_then_rise():
         MsPoE(2.0, 1.0)
 
 
-def test_every_registered_method_implements_the_protocol_in_both_judges(tiny_llama, tokenizer):
+def test_every_registered_method_implements_the_protocol_in_both_judges(tokenizer):
     """The evaluator calls only Method's members; every registry entry runs through score and
-    generate mode on document prompts, and is one entry of METHODS."""
+    generate mode on document prompts, and is one entry of METHODS. (A 32k-position window, so that
+    CALIOPE's default layouts fit.)"""
     from lpes_nb.benchmarks import METHODS, compared_methods
     from lpes_nb.evaluate import EvalSettings
     from lpes_nb.methods import Method
+    from lpes_nb.models import model_from_config, tiny_config
 
+    tiny_llama = model_from_config(tiny_config("tiny-llama", max_position_embeddings=32768))
     methods = compared_methods([1.0, 1.5, 2.0, 1.5])
     assert len(methods) == len(METHODS) == 11
     protocol = ("name", "needs_segments", "specs", "context", "forward", "generate")

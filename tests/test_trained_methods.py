@@ -134,3 +134,16 @@ def test_router_training_with_micro_batches_matches_the_full_batch(tiny_llama, t
     # the same losses step by step (Adam turns float-rounding differences of near-zero gradients into
     # visible parameter differences, so the parameters are not compared; the gradient test above is exact)
     assert len(runs[1].history) == 2 and np.allclose(runs[0].history, runs[1].history, rtol=1e-5)
+
+
+def test_a_router_without_weights_is_trained_when_the_evaluator_first_needs_it(tiny_llama, tokenizer, tmp_path):
+    """Git keeps only a router's recipe: the weights are rebuilt inside the evaluator, which runs under
+    inference mode; training must still get its gradients there."""
+    budget = RouterTraining(steps=2, batch_size=2)
+    load_or_train(tiny_llama, tokenizer, _kv_samples(), budget, tmp_path / "r", {"model_name": "tiny-llama"}, progress=False)
+    for weights in tmp_path.glob("r*.safetensors"):
+        weights.unlink()
+    lazy = load_or_train(tiny_llama, tokenizer, _kv_samples(), budget, tmp_path / "r", {"model_name": "tiny-llama"}, progress=False)
+    assert lazy.router is None and lazy.train is not None
+    scored = evaluate_samples(tiny_llama, tokenizer, _kv_samples()[:2], method=lazy, progress=False)
+    assert lazy.router is not None and np.isfinite(scored.gold_logprob).all()
