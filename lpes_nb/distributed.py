@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from .evaluate import EvalSettings
@@ -55,7 +56,8 @@ class FitnessSpec:
 
 
 class _Worker:
-    """One fitness, built once in its process; also the body of a Ray actor."""
+    """One fitness (or any callable: the map's record evaluator), built once in its process; also the
+    body of a Ray actor."""
 
     def __init__(self, factory: Callable[[], Callable]):
         self.fitness = factory()
@@ -64,6 +66,11 @@ class _Worker:
     def score(self, scales: np.ndarray) -> np.ndarray:
         self.scored += len(scales)
         return np.asarray(self.fitness(scales), dtype=float)
+
+    def run(self, item):
+        """The built callable on one item (a record id for the map's record worker)."""
+        self.scored += 1
+        return self.fitness(item)
 
     def fingerprint(self) -> str | None:
         return self.fitness.fingerprint() if hasattr(self.fitness, "fingerprint") else None
@@ -75,8 +82,9 @@ class _Worker:
 _process_worker: _Worker | None = None
 
 
-def _start_process_worker(factory) -> None:
+def _start_process_worker(factory, threads: int) -> None:
     global _process_worker
+    torch.set_num_threads(threads)  # the pool's workers share the machine's cores, not each take all of them
     _process_worker = _Worker(factory)
 
 
@@ -113,7 +121,7 @@ class ProcessPoolFitness(_Distributed):
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         self.progress = progress
         self.pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start_process_worker,
-                                        initargs=(factory,))
+                                        initargs=(factory, max(1, (os.cpu_count() or 1) // workers)))
         self._fingerprint = self.pool.submit(_process_call, "fingerprint").result()
 
     def fingerprint(self) -> str | None:
@@ -121,6 +129,10 @@ class ProcessPoolFitness(_Distributed):
 
     def _map(self, rows):
         return self.pool.map(_process_call, ["score"] * len(rows), [r[None] for r in rows])
+
+    def map_items(self, items: list):
+        """The built callable on every item, results in the items' order as they finish."""
+        return self.pool.map(_process_call, ["run"] * len(items), items)
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -157,6 +169,10 @@ class RayFitness(_Distributed):
     def _map(self, rows):
         return self.pool.map(lambda actor, row: actor.score.remote(row[None]), list(rows))
 
+    def map_items(self, items: list):
+        """The built callable on every item, results in the items' order as they finish."""
+        return self.pool.map(lambda actor, item: actor.run.remote(item), list(items))
+
     def stats(self) -> list[dict]:
         import ray
 
@@ -170,9 +186,11 @@ class RayFitness(_Distributed):
         self.actors = []
 
 
-def distributed_fitness(spec: FitnessSpec, backend: str, workers: int = 2, ray_address: str | None = None,
+def distributed_fitness(spec: Callable[[], Callable], backend: str, workers: int = 2, ray_address: str | None = None,
                         num_gpus: float = 0, progress: bool = True) -> ProcessPoolFitness | RayFitness:
-    """The fitness of ``spec`` on a backend: ``"processes"`` (a local pool) or ``"ray"``."""
+    """Workers that each build ``spec`` once (a :class:`FitnessSpec`, or any picklable factory such as
+    the map's :class:`~lpes_nb.position_map.RecordWorker`) on a backend: ``"processes"`` (a local
+    pool) or ``"ray"``. Called as a fitness, or through ``map_items``."""
     if backend == "processes":
         return ProcessPoolFitness(spec, workers, progress)
     if backend == "ray":

@@ -14,6 +14,7 @@ Run it from the command line (resumable, progress per cell):
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .data import closed_book_sample, load_mdqa, mdqa_sample, oracle_sample
+from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
 from .metrics import proportion_ci, u_shape_rho
@@ -143,13 +145,44 @@ def mdqa_record_table(model_name: str, dtype: str, num_docs: int, batch_size: in
     return RecordTable("position_map_records", params, profile)
 
 
+def record_rows(model, tokenizer, record: dict, record_id: int, num_docs: int, batch_size: int) -> list[dict]:
+    """One real MDQA record in the map's record cell: its answers with ``num_docs`` documents at the
+    map's gold positions, closed-book and oracle (column ``condition``), each judged as the original
+    evaluation, with the copy control and the gold answer's teacher-forced log-probability."""
+    positions = _at_positions(TaskConfig("mdqa", num_docs)).positions
+    samples = ([mdqa_sample(record, g, num_docs, record_id) for g in positions]
+               + [closed_book_sample(record, record_id), oracle_sample(record, record_id)])
+    df = evaluate_samples(model, tokenizer, samples, settings=TASKS["mdqa"].settings(batch_size), progress=False, gold_logprob=True)
+    df["condition"] = ["documents"] * len(positions) + ["closed_book", "oracle"]
+    return df.to_dict(orient="records")
+
+
+@dataclass(frozen=True)
+class RecordWorker:
+    """What a worker needs to evaluate records itself (picklable; it loads the model once):
+    the factory of :func:`lpes_nb.distributed.distributed_fitness` for the map's record cells."""
+
+    model_name: str
+    dtype: str
+    num_docs: int
+    batch_size: int
+    data_dir: str | None = None
+
+    def __call__(self):
+        model, tokenizer = load_model(self.model_name, dtype=self.dtype), load_tokenizer(self.model_name)
+        data = load_mdqa(None, self.data_dir)
+        return lambda r: record_rows(model, tokenizer, data[r], r, self.num_docs, self.batch_size)
+
+
 def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, records, batch_size: int, profile: str,
-                 progress: bool = True, data_dir=None) -> pd.DataFrame:
+                 progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
+                 ray_address: str | None = None) -> pd.DataFrame:
     """The map's MDQA cell of ``num_docs`` documents on the given real records (ids into the 441), each
-    at the map's gold positions, plus its closed-book and oracle answers (column ``condition``); per
-    answer the generated text judged as the original evaluation, the copy control, and the gold
-    answer's teacher-forced log-probability. Stored record by record as each finishes (resumable;
-    records already stored are read, not recomputed)."""
+    as :func:`record_rows`. Stored record by record as each finishes (resumable; records already
+    stored are read, not recomputed). ``backend``: ``"in-process"`` evaluates with ``model`` here;
+    ``"processes"`` / ``"ray"`` shard the records over ``workers`` workers of the GA's backends
+    (:mod:`lpes_nb.distributed`), each loading ``model_name`` once (``model`` may then be None);
+    this process alone writes the store."""
     table = mdqa_record_table(model_name, dtype, num_docs, batch_size, profile)
     records = [int(r) for r in records]
     done, data = table.done(), load_mdqa(None, data_dir)
@@ -157,16 +190,18 @@ def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, r
     if bad:
         raise ValueError(f"MDQA record ids must be in [0, {len(data) - 1}], got {bad[:5]}")
     todo = [r for r in records if r not in done]
-    settings = TASKS["mdqa"].settings(batch_size)
-    positions = _at_positions(TaskConfig("mdqa", num_docs)).positions
     if todo:
         will_compute("position_map_records", table.path)
-    for r in tqdm(todo, desc=f"MDQA-{num_docs} records, {model_name}", disable=not progress or not todo):
-        rec = data[r]
-        samples = [mdqa_sample(rec, g, num_docs, r) for g in positions] + [closed_book_sample(rec, r), oracle_sample(rec, r)]
-        df = evaluate_samples(model, tokenizer, samples, settings=settings, progress=False, gold_logprob=True)
-        df["condition"] = ["documents"] * len(positions) + ["closed_book", "oracle"]
-        table.append(r, df.to_dict(orient="records"))
+    with ExitStack() as stack:
+        if backend == "in-process" or not todo:
+            results = (record_rows(model, tokenizer, data[r], r, num_docs, batch_size) for r in todo)
+        else:
+            factory = RecordWorker(model_name, dtype, num_docs, batch_size, None if data_dir is None else str(data_dir))
+            pool = stack.enter_context(distributed_fitness(factory, backend, workers, ray_address, progress=False))
+            results = pool.map_items(todo)
+        for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"MDQA-{num_docs} records, {model_name}",
+                            disable=not progress or not todo):
+            table.append(r, rows)
     return table.frame(records)
 
 
@@ -351,12 +386,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--docs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--backend", default="in-process", choices=["in-process", "processes", "ray"],
+                        help="--mdqa-records: shard the records over local processes or Ray actors")
+    parser.add_argument("--workers", type=int, default=2, help="processes or Ray actors, each loading the model once")
+    parser.add_argument("--ray-address", help="Ray: 'auto' joins a running cluster; none starts a local Ray")
     args = parser.parse_args(argv)
     if args.mdqa_records:
         name = (args.model or ["qwen2.5-coder-0.5b"])[0]
-        model, tokenizer = load_model(name, dtype=args.dtype), load_tokenizer(name)
+        here = args.backend == "in-process"
+        model, tokenizer = (load_model(name, dtype=args.dtype), load_tokenizer(name)) if here else (None, None)
         dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
-        df = mdqa_records(model, tokenizer, name, dtype, args.docs, range(args.mdqa_records), args.batch_size, args.profile)
+        df = mdqa_records(model, tokenizer, name, dtype, args.docs, range(args.mdqa_records), args.batch_size, args.profile,
+                          backend=args.backend, workers=args.workers, ray_address=args.ray_address)
         print(df.groupby(["condition", "position"])[["correct", "gold_logprob"]].mean().round(3).to_string())
         return
     spec = named_profile(args.profile).position_map

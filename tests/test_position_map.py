@@ -47,3 +47,26 @@ def test_items_for_length_hits_the_target_length(tokenizer):
         tokens = np.mean([len(encode(tokenizer, s)) for s in cfg.samples()])
         assert abs(tokens - target) / target < 0.15, (task, tokens)
         assert len(cfg.positions) == 5 and cfg.positions[0] == 0 and cfg.positions[-1] == cfg.num_items - 1
+
+
+def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypatch):
+    """The map's record cell sharded over two spawned workers (each loading the model once) gives the
+    table one process gives; the parent alone writes the store, and a rerun reads it."""
+    from lpes_nb.data import data_dir
+    from lpes_nb.models import load_model, load_tokenizer
+    from lpes_nb.position_map import mdqa_records
+
+    if not (data_dir() / "mdqa").is_dir():
+        pytest.skip("needs the real MDQA records (../shared/data)")
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "one"))
+    one = mdqa_records(load_model("tiny-llama"), load_tokenizer("tiny-llama"), "tiny-llama", "float32", 5, range(4), 4,
+                       "smoke", progress=False)
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "two"))
+    two = mdqa_records(None, None, "tiny-llama", "float32", 5, range(4), 4, "smoke", progress=False,
+                       backend="processes", workers=2)
+    assert len(one) == 4 * 7 and list(two["prediction"]) == list(one["prediction"])
+    assert list(two["sample"]) == list(one["sample"]) == [r for r in range(4) for _ in range(7)]  # stored under its own id
+    np.testing.assert_allclose(two["gold_logprob"], one["gold_logprob"], rtol=1e-5, atol=1e-5)
+    again = mdqa_records(None, None, "tiny-llama", "float32", 5, range(4), 4, "smoke", progress=False,
+                         backend="processes", workers=2)  # all stored: read back
+    assert again.equals(two)

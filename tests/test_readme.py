@@ -24,6 +24,8 @@ BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 NOT_RUN_HERE = {
     "bash scripts/test.sh": "the test command itself (it is what runs this test)",
     "ray start --head": "starts a Ray cluster head that outlives the test",
+    "python -m lpes_nb.position_map --mdqa-records 441 --model qwen2.5-coder-0.5b --dtype bfloat16 --docs 20 --backend ray --ray-address auto --workers 8":
+        "joins a running Ray cluster for hours of work; the same sharding on local processes is tested in test_position_map",
     "bash scripts/gpu_kit.sh": "the GPU kit: its real steps need a CUDA GPU (and `--steps carry` packs 1.5 GB); "
                                "the test command runs it with --dry",
 }
