@@ -78,7 +78,11 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
     diff = (wide[method] - wide[reference]).unstack("position").sort_index(axis=1)  # records × positions
     if diff.shape[1] != 3:
         raise ValueError(f"the fitness needs exactly 3 gold positions, got {list(diff.columns)}")
-    d = diff.to_numpy()
+    d = diff.dropna().to_numpy()  # paired: only the records both methods answered at every position
+    if not len(d):
+        counts = {m: int(wide[m].dropna().index.get_level_values("sample").nunique()) for m in (method, reference)}
+        raise ValueError(f"{method!r} and {reference!r} have no record in common at all 3 positions (records: {counts}); "
+                         "a paired comparison needs the same records under both")
     rng = np.random.default_rng(seed)
     draws = d[rng.integers(0, len(d), size=(n_boot, len(d)))]  # (boot, records, positions)
     boot = np.nanmean(draws, axis=1) @ np.asarray(lambdas, dtype=float)

@@ -315,6 +315,9 @@ def middle_deficits(table: pd.DataFrame, points: float = 0.10, require_clear: bo
     keys = ["model", "dtype", "task", "num_items", "length_tokens"]
     for key, cell in table.groupby(keys, sort=False):
         cell = cell.set_index("relative_position")
+        if not {0.0, 0.5, 1.0} <= set(cell.index):
+            raise ValueError(f"map cell {dict(zip(keys, key))} has relative positions {sorted(cell.index)}; the middle-deficit "
+                             "criterion needs the first (0), the middle (0.5) and the last (1)")
         first, middle, last = cell.loc[0.0], cell.loc[0.5], cell.loc[1.0]
         gap = min(first["accuracy"], last["accuracy"]) - middle["accuracy"]
         clear = middle["ci_high"] < min(first["ci_low"], last["ci_low"])

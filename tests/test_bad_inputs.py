@@ -5,6 +5,7 @@ result or fail with an unrelated error."""
 import gzip
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from lpes_nb import (
     methods,
     metrics,
     models,
+    position_map,
     probes,
     results,
     rope,
@@ -190,6 +192,15 @@ CASES = {
     "model dtype string": (lambda f: models.load_model("tiny-llama", dtype="float64"), r"dtype must be 'auto' or one of .* got 'float64'"),
     "model name": (lambda f: models.load_model("llama-7b"), r"unknown model 'llama-7b'"),
     "tiny name": (lambda f: models.tiny_config("tiny-gpt"), r"unknown tiny model 'tiny-gpt'"),
+    "paired on no common record": (lambda f: fitness.paired_fitness_difference(pd.DataFrame(
+        [{"method": m, "sample": s, "position": p, "correct": 1} for m, ids in (("a", (0, 1)), ("b", (2, 3)))
+         for s in ids for p in (0, 4, 9)]), "a", "b"), r"'a' and 'b' have no record in common .* \{'a': 2, 'b': 2\}"),
+    "map cell without middle": (lambda f: position_map.middle_deficits(pd.DataFrame(
+        [{"model": "m", "dtype": "float32", "task": "kv", "num_items": 10, "length_tokens": 300, "relative_position": r,
+          "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6, "rho": 0.0} for r in (0.0, 1.0)])),
+        r"relative positions \[0.0, 1.0\]; .* needs the first \(0\), the middle \(0.5\) and the last \(1\)"),
+    "caliope past the window": (lambda f: methods.Caliope("moses").specs(models.load_model("tiny-llama"), 64, [[0, 1, 2, 3]]),
+                                r"CALIOPE-Moses \(gap=10000\) .* trained window of 2048 positions"),
 }
 
 
