@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from . import carry, costs, machine
 from .benchmarks import compared_methods, latency_samples
@@ -370,7 +370,7 @@ def run_regime(out: Path, plan: KitPlan, dry: bool, seconds: float | None) -> di
     return {"complete": True, "profile": plan.regime_profile, "store": str(out / "regime")}
 
 
-RUNNERS = {"carry": run_carry, "parity": run_parity, "latency": run_latency, "ga": run_ga}
+RUNNERS = {"carry": run_carry, "latency": run_latency, "ga": run_ga}
 
 
 def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | None = None,
@@ -402,8 +402,10 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
             if not result["complete"]:
                 status[step] = "incomplete: budget spent (call again; it resumes from its store)"
                 continue
+        elif step == "parity":
+            result = run_parity(out, plan, dry, inject_wrong_scale)
         else:
-            result = RUNNERS[step](out, plan, dry, inject_wrong_scale) if step == "parity" else RUNNERS[step](out, plan, dry)
+            result = RUNNERS[step](out, plan, dry)
         write_json(done, {"step": step, "dry": dry, "plan": asdict(plan), "machine": describe_device(),
                           "seconds": round(time.perf_counter() - t0, 1), "result": result})
         status[step] = "done"

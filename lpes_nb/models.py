@@ -12,7 +12,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path

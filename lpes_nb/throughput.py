@@ -11,12 +11,13 @@
 * one fitness evaluation of the search (per-layer scales, score mode on the search's samples).
 
 Every timing names the CPU it came from (:func:`lpes_nb.machine.describe_cpu`).
-Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json]``.
+Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json] [--parts sweeps fitness]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -94,54 +95,104 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
+def padded_tokens(prompts, batch_size: int) -> int:
+    """Tokens the plain path computes: its batches (prompts sorted by length) padded to their longest."""
+    lengths = sorted(len(p) for p in prompts)
+    return sum(len(lengths[i:i + batch_size]) * lengths[i:i + batch_size][-1] for i in range(0, len(lengths), batch_size))
+
+
+def flop_ratio(model, groups) -> float:
+    """FLOPs a shared-prefix pass computes ÷ the plain path's (unpadded), over groups of prompts: per
+    prompt of T tokens of which s come from the cache, the matrix products of T − s tokens and the
+    causal attention of those queries over all earlier keys, (T² − s²) / 2 query-key pairs: the
+    continuation's queries still attend to the whole prefix, so attention shrinks by less than the
+    token count and this ratio lies above :func:`lpes_nb.prefix.token_ratio`."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_pair = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim
+    per_token = forward_flops(model, 1) - per_pair / 2
+
+    def flops(total, cached):
+        return per_token * (total - cached) + per_pair * (total**2 - cached**2) / 2
+
+    plain = sum(flops(len(p), 0) for g in groups for p in g)
+    shared = sum(flops(len(p), s) for g in groups for p, s in zip(g, prefix.PrefixPlan.of(g).shared))
+    return shared / plain
+
+
 def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None) -> dict:
-    """Plain vs shared wall time of one evaluation, the token ratio and whether the results agree."""
+    """Plain vs shared wall time of one evaluation, whether the results agree, and what the time ratio
+    is to be read against: shared ÷ plain prompt tokens, the same against the plain path's padded
+    batches, and shared ÷ plain FLOPs (:func:`flop_ratio`)."""
     plain, t_plain = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
                                                      shared_prefix=False, progress=False))
     shared, t_shared = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
                                                        shared_prefix=True, progress=False))
     prompts = [encode(tokenizer, s) for s in samples]
-    ratio = prefix.token_ratio([[prompts[i] for i in g] for g in record_groups(samples)])
+    groups = [[prompts[i] for i in g] for g in record_groups(samples)]
+    ratio = prefix.token_ratio(groups)
+    shared_tokens = ratio * sum(len(p) for p in prompts)
     column = "prediction" if settings.mode == "generate" else "correct"
     return {"prompts": len(samples), "mode": settings.mode, "plain_s": t_plain, "shared_s": t_shared,
             "time_ratio": t_shared / t_plain, "token_ratio": ratio,
+            "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size),
+            "flop_ratio": flop_ratio(model, groups),
             "identical": bool((plain[column].to_numpy() == shared[column].to_numpy()).all())}
 
 
-def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, progress: bool = True) -> dict:
+PARTS = ("gemm", "forward", "sweeps", "fitness")
+
+
+def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, progress: bool = True,
+        parts=PARTS) -> dict:
+    """Measure ``parts`` and write them into ``out`` (the parts not measured keep their stored values,
+    each with the CPU it came from)."""
+    out = out or output_dir("results", "cpu") / "bench" / "throughput.json"
     cpu = describe_cpu()
     dtypes = ["float32"] + (["bfloat16"] if cpu["bf16"]["safe"] and cpu["native_bf16"] else [])
-    report: dict = {"cpu": cpu, "torch_threads": torch.get_num_threads(),
-                    "gemm_gflops": {d: gemm_gflops(getattr(torch, d)) for d in dtypes}, "forward": [], "sweeps": []}
-    for name in ("smollm2-135m", QWEN):
-        for dtype in dtypes:
-            model = load_model(name, dtype=dtype)
-            for tokens in lengths:
-                row = {"model": name, "dtype": dtype, **forward_speed(model, tokens)}
-                row["percent_of_gemm_peak"] = 100 * row["gflops"] / report["gemm_gflops"][dtype]
-                report["forward"].append(row)
-                if progress:
-                    print(row)
+    report: dict = json.loads(out.read_text()) if out.exists() else {}
+    report.update(cpu=cpu, torch_threads=torch.get_num_threads())
+    if "gemm" in parts:
+        report["gemm_gflops"] = {d: gemm_gflops(getattr(torch, d)) for d in dtypes}
+    if "forward" in parts:
+        report["forward"] = []
+        for name in ("smollm2-135m", QWEN):
+            for dtype in dtypes:
+                model = load_model(name, dtype=dtype)
+                for tokens in lengths:
+                    row = {"model": name, "dtype": dtype, **forward_speed(model, tokens)}
+                    row["percent_of_gemm_peak"] = 100 * row["gflops"] / report["gemm_gflops"][dtype]
+                    report["forward"].append(row)
+                    if progress:
+                        print(row)
+    sweeps = [row for row in report.get("sweeps", []) if not (("sweeps" in parts and "MDQA" in row["what"])
+                                                               or ("fitness" in parts and "fitness" in row["what"]))]
     dtype = dtypes[-1]
-    model, tokenizer = load_model(QWEN, dtype=dtype), load_tokenizer(QWEN)
-    report["profile"] = {"model": QWEN, "dtype": dtype, "tokens": 3072, "ops": forward_profile(model, 3072)}
-    data = load_mdqa(records)
-    samples = [mdqa_sample(r, g, 20, i) for i, r in enumerate(data) for g in MDQA_GOLD]
-    for settings in (EvalSettings(mode="score", batch_size=8), TASKS["mdqa"].settings(8)):
-        row = {"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype,
-               **sweep_comparison(model, tokenizer, samples, settings)}
-        report["sweeps"].append(row)
+    if "sweeps" in parts or "forward" in parts:
+        model, tokenizer = load_model(QWEN, dtype=dtype), load_tokenizer(QWEN)
+    if "forward" in parts:
+        report["profile"] = {"model": QWEN, "dtype": dtype, "tokens": 3072, "ops": forward_profile(model, 3072)}
+    if "sweeps" in parts:
+        data = load_mdqa(records)
+        samples = [mdqa_sample(r, g, 20, i) for i, r in enumerate(data) for g in MDQA_GOLD]
+        for settings in (EvalSettings(mode="score", batch_size=8), TASKS["mdqa"].settings(8)):
+            row = {"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype,
+                   **sweep_comparison(model, tokenizer, samples, settings)}
+            sweeps.append(row)
+            if progress:
+                print(row)
+    if "fitness" in parts:
+        smol, smol_tok = load_model("smollm2-135m"), load_tokenizer("smollm2-135m")
+        search = TaskConfig("kv", 20, n=10, seed=7).samples()
+        scales = lpes(np.linspace(1.0, 2.0, smol.config.num_hidden_layers))
+        row = {"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
+               "model": "smollm2-135m", "dtype": "float32",
+               **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales)}
+        sweeps.append(row)
         if progress:
             print(row)
-    smol, smol_tok = load_model("smollm2-135m"), load_tokenizer("smollm2-135m")
-    search = TaskConfig("kv", 20, n=10, seed=7).samples()
-    scales = lpes(np.linspace(1.0, 2.0, smol.config.num_hidden_layers))
-    row = {"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
-           "model": "smollm2-135m", "dtype": "float32", **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales)}
-    report["sweeps"].append(row)
-    if progress:
-        print(row)
-    write_json(out or output_dir("results", "cpu") / "bench" / "throughput.json", report)
+    report["sweeps"] = sweeps
+    write_json(out, report)
     return report
 
 
@@ -149,8 +200,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.throughput", description=__doc__)
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="measure only these; the others keep their stored values")
     args = parser.parse_args(argv)
-    run(args.records, out=args.out)
+    run(args.records, out=args.out, parts=args.parts)
 
 
 if __name__ == "__main__":

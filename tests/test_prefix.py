@@ -99,10 +99,15 @@ def test_methods_that_cannot_share_and_sliding_windows_take_the_plain_path(smoll
 
 
 def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
-    from lpes_nb.throughput import forward_flops, sweep_comparison
+    from lpes_nb.throughput import flop_ratio, forward_flops, padded_tokens, sweep_comparison
 
     model = load_model("tiny-llama")
     row = sweep_comparison(model, tokenizer, _kv_samples(8), EvalSettings(mode="score"))
     assert row["identical"] and 0 < row["token_ratio"] < 1 and row["plain_s"] > 0 and row["shared_s"] > 0
+    assert row["token_ratio_vs_padded_plain"] <= row["token_ratio"]  # padding only adds to what the plain path computes
+    assert row["token_ratio"] <= row["flop_ratio"] < 1  # cached prefix keys are still attended to
+    assert padded_tokens([[1] * 3, [1] * 5, [1] * 4], 2) == 2 * 4 + 1 * 5  # batches (3, 4) and (5)
+    assert flop_ratio(model, [[[1, 2, 3, 4], [5, 6]]]) == 1.0  # nothing in common: nothing saved
+    assert flop_ratio(model, [[[1, 2, 3, 4], [1, 2, 3, 5]]]) < 1.0
     # FLOPs of a forward: 2 x matmul parameters x tokens plus the causal attention term
     assert forward_flops(model, 200) > 2 * 200 * sum(p.numel() for n, p in model.named_parameters() if "layers" in n and p.dim() == 2)
