@@ -238,7 +238,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     if settings.mode == "score":
         kept = [pair for pair, ok in zip(pairs, fits) if ok]
         if shared:
-            correct, logprob = _score_shared(model, prompts, kept, record_groups(samples), method, progress)
+            correct, logprob = _score_shared(model, prompts, kept, record_groups(samples), method, progress, settings.batch_size)
         else:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept], settings.batch_size,
@@ -291,23 +291,26 @@ def record_groups(samples: Sequence[Sample]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`score_targets` through shared prefixes: per (sample, target) pair, correct and log-prob."""
+def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`score_targets` through shared prefixes, batched across records
+    (:func:`lpes_nb.prefix.prefill_many`): per (sample, target) pair, correct and log-prob."""
     correct, logprob = np.zeros(len(pairs), dtype=bool), np.zeros(len(pairs))
     by_sample: dict[int, list[int]] = {}
     for k, (i, _) in enumerate(pairs):
         by_sample.setdefault(i, []).append(k)
+    pair_groups = [ks for ks in ([k for i in group for k in by_sample.get(i, [])] for group in groups) if ks]
     with method.context(model, max(len(p) for p in prompts), None):
-        for group in tqdm(groups, desc="scoring (shared prefixes)", disable=not progress, leave=False):
-            ks = [k for i in group for k in by_sample.get(i, [])]
-            if not ks:
-                continue
-            logits, _ = prefix.prefill(model, [prompts[pairs[k][0]] for k in ks], [pairs[k][1] for k in ks])
-            for k, rows in zip(ks, logits):
-                target = torch.tensor(pairs[k][1], device=rows.device)
-                logp = torch.log_softmax(rows[:-1].float(), dim=-1)
-                correct[k] = bool((logp.argmax(-1) == target).all())
-                logprob[k] = float(logp.gather(1, target[:, None]).sum())
+        chunk = 16  # groups per call: bounds the anchors' keys and values held at once
+        for start in tqdm(range(0, len(pair_groups), chunk), desc="scoring (shared prefixes)", disable=not progress, leave=False):
+            part = pair_groups[start:start + chunk]
+            logits = prefix.prefill_many(model, [[prompts[pairs[k][0]] for k in ks] for ks in part],
+                                         [[pairs[k][1] for k in ks] for ks in part], max_batch=batch_size)
+            for ks, rows_of in zip(part, logits):
+                for k, rows in zip(ks, rows_of):
+                    target = torch.tensor(pairs[k][1], device=rows.device)
+                    logp = torch.log_softmax(rows[:-1].float(), dim=-1)
+                    correct[k] = bool((logp.argmax(-1) == target).all())
+                    logprob[k] = float(logp.gather(1, target[:, None]).sum())
     return correct, logprob
 
 

@@ -104,6 +104,90 @@ def prefill(model, prompts: Sequence[Sequence[int]], extra: Sequence[Sequence[in
     return logits, kvs
 
 
+# rows of one batched continuation, at most this many tokens (rows x longest row, cache included): on
+# a 2-core CPU a padded batch of long prompts costs more per prompt than one prompt alone (the padding
+# mask takes attention off its fast path: 6.2 vs 3.3 s per 3.2k-token prompt), so long prompts run one
+# at a time and short ones (a KV fitness: ~300 tokens) in batches
+TOKEN_BUDGET = 4096
+
+
+def _continue_batch(model, rows, keep: int):
+    """One forward over ``rows`` = [(ids, start, anchor_kv or None)]: each row continues ``ids[start:]``
+    after the first ``start`` keys and values of its anchor. Caches are left-padded to the longest
+    ``start`` and the new tokens to the longest continuation (masked, positions explicit), so every
+    row's last token sits at the end: the last ``keep`` logits per row, and the batch's keys and
+    values with the mask that says which columns are a row's own."""
+    width_cached = max(start for _, start, _ in rows)
+    width_new = max(len(ids) - start for ids, start, _ in rows)
+    device = model.device
+    mask, ids_in, positions = [], [], []
+    for ids, start, _ in rows:
+        n = len(ids) - start
+        mask.append([0] * (width_cached - start) + [1] * start + [0] * (width_new - n) + [1] * n)
+        ids_in.append([0] * (width_new - n) + list(ids[start:]))
+        positions.append([start] * (width_new - n) + list(range(start, len(ids))))
+    cache = DynamicCache(config=model.config)
+    if width_cached:
+        layers = len(next(kv for _, _, kv in rows if kv is not None))
+
+        def padded(kv, start, which, layer):
+            if not start:
+                ref = next(kv for _, _, kv in rows if kv is not None)[layer][which]
+                return ref.new_zeros(*ref.shape[:-2], width_cached, ref.shape[-1])
+            t = kv[layer][which][..., :start, :]
+            return torch.cat([t.new_zeros(*t.shape[:-2], width_cached - start, t.shape[-1]), t], dim=-2)
+
+        cache = _cache([(torch.cat([padded(kv, start, 0, layer) for _, start, kv in rows]),
+                         torch.cat([padded(kv, start, 1, layer) for _, start, kv in rows])) for layer in range(layers)])
+    mask = torch.tensor(mask, device=device)
+    out = model(input_ids=torch.tensor(ids_in, device=device), attention_mask=mask,
+                position_ids=torch.tensor(positions, device=device), past_key_values=cache, use_cache=True,
+                logits_to_keep=keep)
+    return out.logits, _kv(out.past_key_values), mask
+
+
+def prefill_many(model, groups: Sequence[Sequence[Sequence[int]]], extras=None, token_budget: int = TOKEN_BUDGET,
+                 max_batch: int = 8):
+    """:func:`prefill` for many groups at once, batched across groups: first every group's anchor, then
+    every other prompt from its anchor's cache, in batches of at most ``max_batch`` rows and
+    ``token_budget`` tokens (rows sorted by length). Per group, per prompt: the last
+    ``len(extra) + 1`` logits of prompt + extra. Call inside the method's context."""
+    extras = extras or [[[] for _ in g] for g in groups]
+    plans = [PrefixPlan.of(g) for g in groups]
+    full = [[list(p) + list(e) for p, e in zip(g, x)] for g, x in zip(groups, extras)]
+    logits: list[list] = [[None] * len(g) for g in groups]
+    anchor_kv: list = [None] * len(groups)
+
+    def run(items, start_of, kv_of, keep_kv):
+        items = sorted(items, key=lambda gi: len(full[gi[0]][gi[1]]) - start_of(gi))
+        batch: list = []
+
+        def flush():
+            rows = [(full[g][i], start_of((g, i)), kv_of((g, i))) for g, i in batch]
+            keep = max(len(extras[g][i]) + 1 for g, i in batch)
+            out, kv, mask = _continue_batch(model, rows, keep)
+            for r, (g, i) in enumerate(batch):
+                logits[g][i] = out[r, keep - len(extras[g][i]) - 1:]
+                if keep_kv:  # the anchor's own columns, its prompt only (not its extra tokens)
+                    cols = mask[r].bool().nonzero().squeeze(-1)[: len(groups[g][i])]
+                    anchor_kv[g] = [(k[r:r + 1, :, cols, :], v[r:r + 1, :, cols, :]) for k, v in kv]
+            batch.clear()
+
+        for item in items:
+            rows = batch + [item]
+            width = max(start_of(x) for x in rows) + max(len(full[x[0]][x[1]]) - start_of(x) for x in rows)
+            if batch and (len(rows) > max_batch or len(rows) * width > token_budget):
+                flush()
+            batch.append(item)
+        if batch:
+            flush()
+
+    run([(g, plan.anchor) for g, plan in enumerate(plans)], lambda gi: 0, lambda gi: None, True)
+    others = [(g, i) for g, plan in enumerate(plans) for i in range(len(groups[g])) if i != plan.anchor]
+    run(others, lambda gi: plans[gi[0]].shared[gi[1]], lambda gi: anchor_kv[gi[0]], False)
+    return logits
+
+
 def continuation_logprob(model, prompt_kv: KV, prompt_len: int, last_logits: torch.Tensor, target: Sequence[int]):
     """Teacher-forced (all target tokens are the argmax, total log-probability) of ``target`` after a
     prefilled prompt, from its keys and values and its last logits (one forward of the target's

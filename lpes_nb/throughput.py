@@ -32,6 +32,7 @@ from .methods import lpes
 from .models import QWEN, load_model, load_tokenizer
 from .results import output_dir, write_json
 from .tasks import TASKS, TaskConfig
+from .timing import interleaved_times, ratio_to_baseline
 
 MDQA_GOLD = (0, 5, 10, 15, 19)
 
@@ -89,12 +90,6 @@ def forward_profile(model, tokens: int, top: int = 8) -> list[dict]:
     return [{"op": e.key, "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:top]]
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
 def padded_tokens(prompts, batch_size: int) -> int:
     """Tokens the plain path computes: its batches (prompts sorted by length) padded to their longest."""
     lengths = sorted(len(p) for p in prompts)
@@ -120,24 +115,32 @@ def flop_ratio(model, groups) -> float:
     return shared / plain
 
 
-def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None) -> dict:
-    """Plain vs shared wall time of one evaluation, whether the results agree, and what the time ratio
-    is to be read against: shared ÷ plain prompt tokens, the same against the plain path's padded
-    batches, and shared ÷ plain FLOPs (:func:`flop_ratio`)."""
-    plain, t_plain = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
-                                                     shared_prefix=False, progress=False))
-    shared, t_shared = _timed(lambda: evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
-                                                       shared_prefix=True, progress=False))
+def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None, rounds: int = 1) -> dict:
+    """Plain vs shared wall time of one evaluation (with ``rounds`` > 1: interleaved rounds after a
+    warm-up, medians and the median per-round ratio), whether the results agree, and what the time
+    ratio is to be read against: shared ÷ plain prompt tokens, the same against the plain path's
+    padded batches, and shared ÷ plain FLOPs (:func:`flop_ratio`)."""
+    results = {}
+
+    def variant(shared):
+        def run():
+            results[shared] = evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
+                                               shared_prefix=shared, progress=False)
+        return run
+
+    times = interleaved_times({"plain": variant(False), "shared": variant(True)}, rounds, warmup=int(rounds > 1))
+    table = ratio_to_baseline(times, "plain").set_index("variant")
     prompts = [encode(tokenizer, s) for s in samples]
     groups = [[prompts[i] for i in g] for g in record_groups(samples)]
     ratio = prefix.token_ratio(groups)
     shared_tokens = ratio * sum(len(p) for p in prompts)
     column = "prediction" if settings.mode == "generate" else "correct"
-    return {"prompts": len(samples), "mode": settings.mode, "plain_s": t_plain, "shared_s": t_shared,
-            "time_ratio": t_shared / t_plain, "token_ratio": ratio,
-            "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size),
+    return {"prompts": len(samples), "mode": settings.mode, "rounds": rounds, "plain_s": float(table.loc["plain", "median_s"]),
+            "shared_s": float(table.loc["shared", "median_s"]), "time_ratio": float(table.loc["shared", "median_ratio"]),
+            "time_ratio_min_max": [float(table.loc["shared", "min_ratio"]), float(table.loc["shared", "max_ratio"])],
+            "token_ratio": ratio, "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size),
             "flop_ratio": flop_ratio(model, groups),
-            "identical": bool((plain[column].to_numpy() == shared[column].to_numpy()).all())}
+            "identical": bool((results[False][column].to_numpy() == results[True][column].to_numpy()).all())}
 
 
 PARTS = ("gemm", "forward", "sweeps", "fitness")
@@ -187,7 +190,7 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
         scales = lpes(np.linspace(1.0, 2.0, smol.config.num_hidden_layers))
         row = {"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
                "model": "smollm2-135m", "dtype": "float32",
-               **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales)}
+               **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales, rounds=5)}
         sweeps.append(row)
         if progress:
             print(row)
