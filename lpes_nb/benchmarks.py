@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples, token_segments
+from .evaluate import EvalSettings, evaluate_samples, record_groups, token_segments
 from .methods import (
     CALIOPE_KINDS,
     LASP,
@@ -27,6 +28,7 @@ from .methods import (
     pi,
 )
 from .metrics import perplexity
+from .models import load_model, load_tokenizer
 from .moice import MoICE
 from .results import cached_table
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
@@ -85,16 +87,59 @@ def runnable(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, 
     return kept
 
 
+@dataclass(frozen=True)
+class SampleWorker:
+    """What a worker needs to evaluate a benchmark's samples itself (picklable; it loads the model and
+    builds ``task``'s samples once): the factory of :func:`lpes_nb.distributed.distributed_fitness`
+    for :func:`method_samples` on processes or Ray actors. Each item is (method, sample indices, their
+    digest, settings)."""
+
+    model_name: str
+    task: TaskConfig
+    dtype: str | None = None
+    data_dir: str | None = None
+
+    def __call__(self):
+        model, tokenizer = load_model(self.model_name, dtype=self.dtype), load_tokenizer(self.model_name)
+        samples = self.task.samples(self.data_dir)
+
+        def run(item):
+            method, indices, digest, settings = item
+            if _digest([samples[i] for i in indices]) != digest:
+                raise ValueError("the workers evaluated other samples than this process holds: build their SampleWorker "
+                                 "from the same task (and data) as these samples")
+            return evaluate_samples(model, tokenizer, [samples[i] for i in indices], method=method, settings=settings,
+                                    progress=False).to_dict(orient="records")
+        return run
+
+
+def _on_workers(pool, samples: Sequence[Sample], method: Method, settings: EvalSettings, records_per_item: int = 4) -> pd.DataFrame:
+    """One method's per-sample table from the workers of ``pool`` (built from a :class:`SampleWorker`
+    of the same task), whole records per item, rows back in the samples' order."""
+    groups = record_groups(samples)
+    shards = [[i for g in groups[k:k + records_per_item] for i in g] for k in range(0, len(groups), records_per_item)]
+    items = [(method, shard, _digest([samples[i] for i in shard]), settings) for shard in shards]
+    order = {(s.task, s.position, s.sample_id): k for k, s in enumerate(samples)}
+    rows = [row for part in pool.map_items(items) for row in part]
+    return pd.DataFrame(sorted(rows, key=lambda r: order[(r["task"], r["position"], r["sample"])]))
+
+
+def _digest(samples: Sequence[Sample]) -> str:
+    return hashlib.sha256("\x00".join(s.prompt + "\x01" + "|".join(s.answers) for s in samples).encode()).hexdigest()
+
+
 def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method], name: str,
-                   params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True) -> pd.DataFrame:
+                   params: dict, profile: str, settings: EvalSettings = EvalSettings(), progress: bool = True,
+                   pool=None) -> pd.DataFrame:
     """Per-sample results of every method (a ``method`` column first). Each method's are cached under
     ``results/`` (keyed by ``params`` and the method), so a rerun or an added method only computes
-    what is missing."""
+    what is missing. ``pool``: workers (``distributed_fitness(SampleWorker(...), "processes" | "ray")``)
+    that evaluate the missing tables record by record instead of ``model`` here."""
     tables = []
     for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress):
-        per_sample = cached_table(f"{name}_samples", {**params, "method": method_key(method)},
-                                  lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings,
-                                                                    progress=progress), profile)
+        compute = ((lambda m=method: _on_workers(pool, samples, m, settings)) if pool is not None else
+                   (lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings, progress=progress)))
+        per_sample = cached_table(f"{name}_samples", {**params, "method": method_key(method)}, compute, profile)
         per_sample.insert(0, "method", label)
         tables.append(per_sample)
     return pd.concat(tables, ignore_index=True)

@@ -108,3 +108,24 @@ def test_methods_past_the_window_are_left_out_loudly(tiny_llama, tokenizer, caps
     assert list(kept) == ["baseline", "small hourglass"]
     printed = capsys.readouterr().out
     assert "CALIOPE-Moses left out" in printed and "CALIOPE-Decay left out" in printed and "window of 2048" in printed
+
+
+def test_method_tables_on_two_local_workers_equal_one_process(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    """A benchmark's per-method tables computed by two spawned workers (each building the model and
+    the task's samples once, whole records per item) equal the in-process tables, row for row."""
+    from lpes_nb.benchmarks import SampleWorker
+    from lpes_nb.distributed import distributed_fitness
+    from lpes_nb.tasks import TaskConfig
+
+    task = TaskConfig("kv", 6, n=5, positions=(0, 3, 5), seed=3)
+    methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES")}
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "one"))
+    one = method_samples(tiny_llama, tokenizer, task.samples(), methods, "bench", {"task": repr(task)}, "smoke", progress=False)
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "two"))
+    with distributed_fitness(SampleWorker("tiny-llama", task), "processes", workers=2, progress=False) as pool:
+        two = method_samples(None, None, task.samples(), methods, "bench", {"task": repr(task)}, "smoke", progress=False, pool=pool)
+        with pytest.raises(ValueError, match="other samples than this process holds"):
+            benchmarks._on_workers(pool, TaskConfig("kv", 6, n=5, positions=(0, 3, 5), seed=4).samples(), methods["LPES"],
+                                   benchmarks.EvalSettings())
+    assert one[["method", "position", "sample", "correct"]].equals(two[["method", "position", "sample", "correct"]])
+    np.testing.assert_allclose(two["gold_logprob"], one["gold_logprob"], rtol=1e-5, atol=1e-5)
