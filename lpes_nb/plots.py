@@ -152,14 +152,15 @@ def method_dots(acc: pd.DataFrame, highlight: Mapping[str, str] | None = None, r
 
 
 def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
-    """Inference time relative to the baseline: median ratio as a bar, min-max over rounds as a whisker."""
+    """Inference time relative to the baseline: median ratio as a bar, the interquartile range of the
+    per-round ratios as a whisker."""
     order = latency.sort_values("median_ratio")
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(order) + 1.2))
     ax.barh(order.variant, order.median_ratio, color=["#D55E00" if v == highlight else "#0072B2" for v in order.variant],
-            xerr=np.vstack([order.median_ratio - order.min_ratio, order.max_ratio - order.median_ratio]),
+            xerr=np.vstack([order.median_ratio - order.q25_ratio, order.q75_ratio - order.median_ratio]),
             error_kw=dict(ecolor="black", lw=1, capsize=2))
     ax.axvline(1.0, color="black", lw=1, ls="--")
-    ax.set_xlabel("inference time / baseline (bar: median, whisker: min-max over rounds)")
+    ax.set_xlabel("inference time / baseline (bar: median, whisker: interquartile range over rounds)")
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
     return fig
