@@ -18,7 +18,9 @@ from pathlib import Path
 
 MDQA_FILE = "mdqa/nq-open-20_total_documents_gold_at_0.jsonl.gz"
 MDQA_RECORDS = 441  # the questions with real retrieved distractors in MDQA_FILE
-KV_FILE = "kv/kv-retrieval-75_keys.jsonl.gz"
+KV_FILES = {75: "kv/kv-retrieval-75_keys.jsonl.gz", 140: "kv/kv-retrieval-140_keys.jsonl.gz"}  # pairs -> file
+KV_FILE = KV_FILES[75]
+KV_RECORDS = 500  # records in each KV file
 TEXT_FILE = "text/kjv.txt.gz"
 
 QA_INSTRUCTION = (
@@ -162,9 +164,16 @@ def kv_prompt(pairs: list[tuple[str, str]], key: str) -> tuple[str, tuple[tuple[
     return f'{head}{body}\n\nKey: "{key}"\nCorresponding value:', tuple(spans)
 
 
-def load_kv(limit: int | None = None, data_dir: str | Path | None = None) -> list[dict]:
-    """The original 75-pair UUID records: ``{"ordered_kv_records", "key", "value"}``."""
-    return read_jsonl_gz(_data_file(KV_FILE, data_dir), limit)
+def load_kv(limit: int | None = None, data_dir: str | Path | None = None, pairs: int = 75) -> list[dict]:
+    """The original UUID records of ``pairs`` pairs (75 or 140): ``{"ordered_kv_records", "key", "value"}``."""
+    if pairs not in KV_FILES:
+        raise ValueError(f"the original KV files hold {sorted(KV_FILES)} pairs per record, not pairs={pairs!r}")
+    records = read_jsonl_gz(_data_file(KV_FILES[pairs], data_dir), limit)
+    wrong = next((i for i, r in enumerate(records) if len(r["ordered_kv_records"]) != pairs), None)
+    if wrong is not None:
+        raise ValueError(f"KV record {wrong} of {KV_FILES[pairs]} has {len(records[wrong]['ordered_kv_records'])} pairs, "
+                         f"not {pairs}")
+    return records
 
 
 KV_FORMATS = {

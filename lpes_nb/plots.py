@@ -222,13 +222,14 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
 
 
 def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: pd.DataFrame, title: str,
-                paper: pd.DataFrame | None = None, paper_label: str = ""):
+                papers: pd.DataFrame | None = None):
     """One record cell of the map: (a) accuracy (%) by relative gold position with Wilson 95 %
-    intervals, the closed-book and oracle accuracy as bands, and the paper's curve beside; (b) and
+    intervals, the closed-book and oracle accuracy as bands, and the papers' curves beside (``papers``:
+    rows of ``position_map.paper_curves``, one curve per ``label``); (b) and
     (c) each position's paired difference to the mean of the two ends (accuracy in points, gold
     log-probability in nats) with record-clustered 95 % intervals; below zero is a lost middle."""
     fig, axes = plt.subplots(1, 3, figsize=(11.5, 4.4))
-    docs = summary[summary["condition"] == "documents"].sort_values("relative_position")
+    docs = summary[summary["relative_position"].notna()].sort_values("relative_position")  # closed-book / oracle have none
     x = docs["relative_position"]
     ax = axes[0]
     for condition, colour in (("closed_book", "0.55"), ("oracle", "#009E73")):
@@ -240,8 +241,9 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
                        label=f"{condition.replace('_', '-')} {100 * r['accuracy']:.0f} % (n = {int(r['n'])})")
     ax.errorbar(x, 100 * docs["accuracy"], yerr=100 * np.vstack([docs["accuracy"] - docs["ci_low"], docs["ci_high"] - docs["accuracy"]]),
                 fmt="o-", capsize=3, color="#0072B2", label=f"ours (n = {int(docs['n'].min())} per position)")
-    if paper is not None and len(paper):
-        ax.plot(paper["relative_position"], paper["accuracy_percent"], "s--", color="#D55E00", label=paper_label)
+    if papers is not None:
+        for (label, curve), (marker, colour) in zip(papers.groupby("label", sort=False), (("s", "#D55E00"), ("^", "#CC79A7"))):
+            ax.plot(curve["relative_position"], curve["accuracy_percent"], f"{marker}--", color=colour, label=label)
     ax.set_xlabel("relative gold position")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)

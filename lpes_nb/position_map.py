@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .data import closed_book_sample, load_mdqa, mdqa_sample, oracle_sample
+from .data import KV_FILES, KV_RECORDS, MDQA_RECORDS, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
 from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
@@ -55,25 +55,36 @@ class MapModel:
             raise ValueError(f"MapModel.mdqa_docs must be integers in [5, 20] (the records hold 20), got {self.mdqa_docs!r}")
 
 
+RECORD_TASKS = {"mdqa": MDQA_RECORDS, "kv": KV_RECORDS}  # the real records' tasks -> records in the file
+POSITIONAL = {"mdqa": "documents", "kv": "pairs"}  # the condition of the rows with the gold item at a position
+
+
 @dataclass(frozen=True)
 class RecordCell:
-    """A cell computed record by record (:func:`mdqa_records`): real MDQA with ``docs`` documents on
-    the first ``n`` of the 441 records, with closed-book and oracle answers and the gold log-prob."""
+    """A cell computed record by record (:func:`record_cell`) on the first ``n`` real records: MDQA
+    with ``items`` documents (2-20; with closed-book and oracle answers) or the original UUID KV
+    retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability."""
 
     model: str
     dtype: str
-    docs: int
+    items: int
     n: int
+    task: str = "mdqa"
 
     def __post_init__(self):
-        if not isinstance(self.docs, int) or not 2 <= self.docs <= 20:
-            raise ValueError(f"RecordCell.docs must be an integer in [2, 20] (the records hold 20), got {self.docs!r}")
-        if not isinstance(self.n, int) or not 1 <= self.n <= 441:
-            raise ValueError(f"RecordCell.n must be an integer in [1, 441] (the real 20-document records), got {self.n!r}")
+        if self.task not in RECORD_TASKS:
+            raise ValueError(f"RecordCell.task must be one of {sorted(RECORD_TASKS)}, got {self.task!r}")
+        allowed = range(2, 21) if self.task == "mdqa" else tuple(KV_FILES)
+        if not isinstance(self.items, int) or self.items not in allowed:
+            what = "[2, 20] documents (the records hold 20)" if self.task == "mdqa" else f"{sorted(KV_FILES)} pairs (the files)"
+            raise ValueError(f"RecordCell.items must be one of {what}, got {self.items!r}")
+        most = RECORD_TASKS[self.task]
+        if not isinstance(self.n, int) or not 1 <= self.n <= most:
+            raise ValueError(f"RecordCell.n must be an integer in [1, {most}] (the real {self.task} records), got {self.n!r}")
 
     @property
     def name(self) -> str:
-        return f"{self.model} {self.dtype} mdqa-{self.docs}"
+        return f"{self.model} {self.dtype} {self.task}-{self.items}"
 
 
 @dataclass(frozen=True)
@@ -134,27 +145,41 @@ def cell_samples(model, tokenizer, model_name: str, dtype: str, cfg: TaskConfig,
 RECORDS_VERSION = 1  # bump when the code behind a stored record changes
 
 
-def mdqa_record_table(model_name: str, dtype: str, num_docs: int, batch_size: int, profile: str) -> RecordTable:
-    """Where the map's MDQA rows of one model, dtype and document count live, record by record."""
-    settings = TASKS["mdqa"].settings(batch_size)
-    params = {"model": model_name, "dtype": dtype, "task": "mdqa", "num_docs": num_docs,
-              "positions": list(_at_positions(TaskConfig("mdqa", num_docs)).positions),
-              "conditions": ["documents", "closed_book", "oracle"], "max_new_tokens": settings.max_new_tokens,
-              "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size, "shared_prefix": True, "gold_logprob": True,
-              "version": RECORDS_VERSION}
+def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str) -> RecordTable:
+    """Where the map's rows of one model, dtype, task and size live, record by record."""
+    settings = TASKS[task].settings(batch_size)
+    positions = list(_at_positions(TaskConfig(task, items)).positions)
+    if task == "mdqa":
+        params = {"model": model_name, "dtype": dtype, "task": "mdqa", "num_docs": items, "positions": positions,
+                  "conditions": ["documents", "closed_book", "oracle"]}
+    else:
+        params = {"model": model_name, "dtype": dtype, "task": task, "num_pairs": items, "positions": positions,
+                  "conditions": [POSITIONAL[task]], "key_format": "uuid"}
+    params |= {"max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size,
+               "shared_prefix": True, "gold_logprob": True, "version": RECORDS_VERSION}
     return RecordTable("position_map_records", params, profile)
 
 
-def record_rows(model, tokenizer, record: dict, record_id: int, num_docs: int, batch_size: int) -> list[dict]:
-    """One real MDQA record in the map's record cell: its answers with ``num_docs`` documents at the
-    map's gold positions, closed-book and oracle (column ``condition``), each judged as the original
-    evaluation, with the copy control and the gold answer's teacher-forced log-probability."""
-    positions = _at_positions(TaskConfig("mdqa", num_docs)).positions
-    samples = ([mdqa_sample(record, g, num_docs, record_id) for g in positions]
-               + [closed_book_sample(record, record_id), oracle_sample(record, record_id)])
-    df = evaluate_samples(model, tokenizer, samples, settings=TASKS["mdqa"].settings(batch_size), progress=False, gold_logprob=True)
-    df["condition"] = ["documents"] * len(positions) + ["closed_book", "oracle"]
+def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items: int, batch_size: int) -> list[dict]:
+    """One real record in the map's record cell: its answers at the map's gold positions (MDQA with
+    ``items`` documents, plus closed-book and oracle; KV with its ``items`` pairs), column
+    ``condition``, each judged as the original evaluation, with the copy control and the gold
+    answer's teacher-forced log-probability."""
+    positions = _at_positions(TaskConfig(task, items)).positions
+    if task == "mdqa":
+        samples = ([mdqa_sample(record, g, items, record_id) for g in positions]
+                   + [closed_book_sample(record, record_id), oracle_sample(record, record_id)])
+        conditions = [POSITIONAL[task]] * len(positions) + ["closed_book", "oracle"]
+    else:
+        samples, conditions = [kv_sample(record, g, record_id) for g in positions], [POSITIONAL[task]] * len(positions)
+    df = evaluate_samples(model, tokenizer, samples, settings=TASKS[task].settings(batch_size), progress=False, gold_logprob=True)
+    df["condition"] = conditions
     return df.to_dict(orient="records")
+
+
+def load_records(task: str, items: int, data_dir=None) -> list[dict]:
+    """The real records of a record cell's task (MDQA: the 441 20-document records; KV: the file of ``items`` pairs)."""
+    return load_mdqa(None, data_dir) if task == "mdqa" else load_kv(None, data_dir, items)
 
 
 @dataclass(frozen=True)
@@ -164,42 +189,44 @@ class RecordWorker:
 
     model_name: str
     dtype: str
-    num_docs: int
+    task: str
+    items: int
     batch_size: int
     data_dir: str | None = None
 
     def __call__(self):
         model, tokenizer = load_model(self.model_name, dtype=self.dtype), load_tokenizer(self.model_name)
-        data = load_mdqa(None, self.data_dir)
-        return lambda r: record_rows(model, tokenizer, data[r], r, self.num_docs, self.batch_size)
+        data = load_records(self.task, self.items, self.data_dir)
+        return lambda r: record_rows(model, tokenizer, self.task, data[r], r, self.items, self.batch_size)
 
 
-def mdqa_records(model, tokenizer, model_name: str, dtype: str, num_docs: int, records, batch_size: int, profile: str,
-                 progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
-                 ray_address: str | None = None) -> pd.DataFrame:
-    """The map's MDQA cell of ``num_docs`` documents on the given real records (ids into the 441), each
-    as :func:`record_rows`. Stored record by record as each finishes (resumable; records already
-    stored are read, not recomputed). ``backend``: ``"in-process"`` evaluates with ``model`` here;
-    ``"processes"`` / ``"ray"`` shard the records over ``workers`` workers of the GA's backends
-    (:mod:`lpes_nb.distributed`), each loading ``model_name`` once (``model`` may then be None);
-    this process alone writes the store."""
-    table = mdqa_record_table(model_name, dtype, num_docs, batch_size, profile)
+def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items: int, records, batch_size: int, profile: str,
+                progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
+                ray_address: str | None = None) -> pd.DataFrame:
+    """The map's cell of ``task`` (``"mdqa"`` with ``items`` documents, ``"kv"`` with ``items``
+    pairs) on the given real records (ids into the file), each as :func:`record_rows`. Stored record
+    by record as each finishes (resumable; records already stored are read, not recomputed).
+    ``backend``: ``"in-process"`` evaluates with ``model`` here; ``"processes"`` / ``"ray"`` shard
+    the records over ``workers`` workers of the GA's backends (:mod:`lpes_nb.distributed`), each
+    loading ``model_name`` once (``model`` may then be None); this process alone writes the store."""
+    RecordCell(model_name, dtype, items, 1, task)  # validates task and items
+    table = record_table(model_name, dtype, task, items, batch_size, profile)
     records = [int(r) for r in records]
-    done, data = table.done(), load_mdqa(None, data_dir)
+    done, data = table.done(), load_records(task, items, data_dir)
     bad = [r for r in records if not 0 <= r < len(data)]
     if bad:
-        raise ValueError(f"MDQA record ids must be in [0, {len(data) - 1}], got {bad[:5]}")
+        raise ValueError(f"{task} record ids must be in [0, {len(data) - 1}], got {bad[:5]}")
     todo = [r for r in records if r not in done]
     if todo:
         will_compute("position_map_records", table.path)
     with ExitStack() as stack:
         if backend == "in-process" or not todo:
-            results = (record_rows(model, tokenizer, data[r], r, num_docs, batch_size) for r in todo)
+            results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size) for r in todo)
         else:
-            factory = RecordWorker(model_name, dtype, num_docs, batch_size, None if data_dir is None else str(data_dir))
+            factory = RecordWorker(model_name, dtype, task, items, batch_size, None if data_dir is None else str(data_dir))
             pool = stack.enter_context(distributed_fitness(factory, backend, workers, ray_address, progress=False))
             results = pool.map_items(todo)
-        for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"MDQA-{num_docs} records, {model_name}",
+        for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"{task}-{items} records, {model_name}",
                             disable=not progress or not todo):
             table.append(r, rows)
     return table.frame(records)
@@ -211,13 +238,20 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
     out, loaded = {}, {}
     for cell in spec.record_cells:
         dtype = str(resolve_dtype(cell.dtype)).removeprefix("torch.")
-        table = mdqa_record_table(cell.model, dtype, cell.docs, spec.batch_size, profile)
+        table = record_table(cell.model, dtype, cell.task, cell.items, spec.batch_size, profile)
         if not set(range(cell.n)) <= table.done() and (cell.model, dtype) not in loaded:
             loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
         model, tokenizer = loaded.get((cell.model, dtype), (None, None))
-        frame = mdqa_records(model, tokenizer, cell.model, dtype, cell.docs, range(cell.n), spec.batch_size, profile, progress)
+        frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
+                            progress)
         out[cell.name] = frame.assign(model=cell.model, dtype=dtype)
     return out
+
+
+def positional_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a record cell with the gold item at a position (not closed-book / oracle), with
+    their nominal relative position and record id."""
+    return with_nominal_positions(frame[frame["condition"].isin(POSITIONAL.values())])
 
 
 def record_summary(frame: pd.DataFrame) -> pd.DataFrame:
@@ -227,31 +261,53 @@ def record_summary(frame: pd.DataFrame) -> pd.DataFrame:
     for (condition, position), group in frame.groupby(["condition", "position"], sort=False):
         k, n = int(group["correct"].sum()), len(group)
         low, high = proportion_ci(k, n)
+        positional = condition in POSITIONAL.values()
         rows.append({"condition": condition, "gold_index": int(position),
-                     "relative_position": position / (group["num_items"].iloc[0] - 1) if condition == "documents" else np.nan,
+                     "relative_position": position / (group["num_items"].iloc[0] - 1) if positional else np.nan,
                      "n": n, "accuracy": k / n, "ci_low": low, "ci_high": high,
                      "gold_logprob": group["gold_logprob"].mean(), "truncated": group["truncated"].mean()})
     return pd.DataFrame(rows)
 
 
-def paper_curve(model: str, task: str = "mdqa", method: str = "Baseline") -> pd.DataFrame:
-    """A row of LPES Table 1 as data (``data/papers/lpes_table1.csv``): relative position, accuracy %."""
-    table = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "papers" / "lpes_table1.csv")
-    row = table[(table["model"] == model) & (table["task"] == task) & (table["method"] == method)]
-    if row.empty:
-        raise ValueError(f"LPES Table 1 has no row {model} / {method} / {task}; models: {sorted(set(table['model']))}")
-    return row
+PAPERS = Path(__file__).resolve().parents[1] / "data" / "papers"
+# which of the papers' baseline curves each record cell is read against: (task, items) -> rows of
+# (table, selection, label); the same layout where the papers have it, else the nearest, named
+PAPER_ROWS = {
+    ("mdqa", 20): (("lpes", {"model": "Qwen2.5-7B", "task": "mdqa"}, "LPES Table 1: Qwen2.5-7B, 20 documents (n = 500)"),
+                   ("caliope", {"model": "Qwen-2.5-14B", "chunks": 20, "metric": "substring_match"},
+                    "CALIOPE Table 5: Qwen-2.5-14B, 20 chunks, substring match (3 × 500)")),
+    ("mdqa", 10): (("lpes", {"model": "Vicuna-7B-v1.5", "task": "mdqa"}, "LPES Table 1: Vicuna-7B, 10 documents (n = 500)"),),
+    ("kv", 75): (("lpes", {"model": "Qwen2.5-7B", "task": "kv"}, "LPES Table 1: Qwen2.5-7B, 150 pairs (n = 500)"),),
+    ("kv", 140): (("lpes", {"model": "Qwen2.5-7B", "task": "kv"}, "LPES Table 1: Qwen2.5-7B, 150 pairs (n = 500)"),),
+}
 
 
-def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.DataFrame, paper: pd.DataFrame,
-                           window: int) -> str:
+def paper_curves(task: str, items: int) -> pd.DataFrame:
+    """The papers' unmodified-model curves a record cell is read against (:data:`PAPER_ROWS`), as data
+    (``data/papers``): one row per curve and relative position, with its ``label`` and the paper's
+    ends − middle gap in points (the middle: the position(s) nearest 0.5)."""
+    if (task, items) not in PAPER_ROWS:
+        raise ValueError(f"no paper curve for {task} with {items} items; the papers' layouts here are {sorted(PAPER_ROWS)}")
+    tables = {"lpes": pd.read_csv(PAPERS / "lpes_table1.csv").query("method == 'Baseline'"),
+              "caliope": pd.read_csv(PAPERS / "caliope_tables.csv").query("method == 'Identity'")}
+    frames = []
+    for table, selection, label in PAPER_ROWS[(task, items)]:
+        rows = tables[table]
+        rows = rows[np.logical_and.reduce([rows[k] == v for k, v in selection.items()])].sort_values("relative_position")
+        acc, centre = rows["accuracy_percent"].to_numpy(), (rows["relative_position"] - 0.5).abs().to_numpy()
+        gap = (acc[0] + acc[-1]) / 2 - acc[centre == centre.min()].mean()
+        frames.append(rows[["model", "relative_position", "accuracy_percent"]].assign(label=label, ends_minus_middle=gap))
+    return pd.concat(frames, ignore_index=True)
+
+
+def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.DataFrame, window: int) -> str:
     """The Markdown verdict of one record cell, every number from the tables given: our curve with
-    its n, closed-book and oracle, the paired gate on accuracy and on the gold log-probability, the
-    paper's curve, and whether the paper's U is reproduced here."""
+    its n, closed-book and oracle (MDQA), the paired gate on accuracy and on the gold log-probability,
+    the papers' curves (:func:`paper_curves`), and whether their U is reproduced here."""
     summary = record_summary(frame)
-    docs = summary[summary["condition"] == "documents"].sort_values("relative_position")
+    docs = summary[summary["condition"] == POSITIONAL[cell.task]].sort_values("relative_position")
     other = summary.set_index("condition")
-    tokens = int(round(frame.loc[frame["condition"] == "documents", "prompt_tokens"].mean()))
+    tokens = int(round(frame.loc[frame["condition"] == POSITIONAL[cell.task], "prompt_tokens"].mean()))
     gated = deficits[deficits["cell"] == cell.name].set_index("value")
 
     def pct(v):
@@ -264,23 +320,23 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
                 f"first − last {unit * r['first_minus_last']:+.2f} [{unit * r['first_minus_last_ci_low']:+.2f}, "
                 f"{unit * r['first_minus_last_ci_high']:+.2f}], Holm p = {r['p_holm']:.2g} → **{r['verdict']}**")
 
-    paper_ends = (paper["accuracy_percent"].iloc[0] + paper["accuracy_percent"].iloc[-1]) / 2
-    paper_middle = paper.loc[paper["relative_position"] == 0.5, "accuracy_percent"].iloc[0]
     ours = gated.loc["correct", "verdict"]
     claim = ("reproduced" if ours.startswith("U") else
+             "not comparable: every record answers alike at every position (ceiling or floor)" if ours.startswith("undetermined") else
              f"not reproduced at MDE {100 * gated.loc['correct', 'ends_minus_middle_mde']:.1f} points" if ours.startswith("no deficit")
              else f"not reproduced: the curve is {ours}")
-    return "\n".join([
-        f"**{cell.model} ({frame['dtype'].iloc[0]}), MDQA with {cell.docs} documents** (~{tokens:,} tokens, "
-        f"{100 * tokens / window:.0f} % of its {window:,}-token window), n = {int(docs['n'].min())} records at each position:",
-        f"- accuracy (first → last) {' / '.join(pct(a) for a in docs['accuracy'])} %; closed-book "
-        f"{pct(other.loc['closed_book', 'accuracy'])} %, oracle {pct(other.loc['oracle', 'accuracy'])} %.",
+    what = f"MDQA with {cell.items} documents" if cell.task == "mdqa" else f"KV retrieval with {cell.items} UUID pairs"
+    lines = [f"**{cell.model} ({frame['dtype'].iloc[0]}), {what}** (~{tokens:,} tokens, "
+             f"{100 * tokens / window:.0f} % of its {window:,}-token window), n = {int(docs['n'].min())} records at each position:",
+             f"- accuracy (first → last) {' / '.join(pct(a) for a in docs['accuracy'])} %"
+             + (f"; closed-book {pct(other.loc['closed_book', 'accuracy'])} %, oracle {pct(other.loc['oracle', 'accuracy'])} %."
+                if cell.task == "mdqa" else ".")]
+    return "\n".join(lines + [
         f"- {gate_text('correct', 100, 'accuracy (points)')}.",
         f"- {gate_text('gold_logprob', 1, 'gold log-probability (nats)')}.",
-        f"- LPES Table 1, {paper['model'].iloc[0]} baseline (n = 500, no intervals): "
-        f"{' / '.join(f'{a:.1f}' for a in paper['accuracy_percent'])} %, ends − middle {paper_ends - paper_middle:+.1f} points.",
-        f"- The paper's U on accuracy: **{claim}**.",
-    ])
+    ] + [f"- {label} (no intervals): {' / '.join(f'{a:.1f}' for a in curve['accuracy_percent'])} %, "
+         f"ends − middle {curve['ends_minus_middle'].iloc[0]:+.1f} points." for label, curve in paper_curves(cell.task, cell.items).groupby("label", sort=False)]
+        + [f"- The papers' U on accuracy: **{claim}**."])
 
 
 def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:
@@ -347,11 +403,11 @@ def stored_cells(profile: str) -> dict[str, pd.DataFrame]:
 def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The paired gate (:mod:`lpes_nb.position_gate`) over the map: every stored fixed-n cell on
     accuracy, and every record-by-record cell (``record_cells``: name -> rows of
-    :func:`mdqa_records`, documents condition) on accuracy and on the gold log-probability. Holm runs
+    :func:`record_cell`, positional rows) on accuracy and on the gold log-probability. Holm runs
     over the cells of one score. Written to ``position_deficits.csv``."""
     tables = [gate(stored_cells(profile)).assign(source="map cells (fixed n)")]
     if record_cells:
-        docs = {name: with_nominal_positions(df[df["condition"] == "documents"]) for name, df in record_cells.items()}
+        docs = {name: positional_rows(df) for name, df in record_cells.items()}
         tables += [gate(docs, value).assign(source="record cells") for value in ("correct", "gold_logprob")]
     table = pd.concat(tables, ignore_index=True)
     write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
@@ -386,6 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", action="append", help="only this model's cells (repeatable)")
     parser.add_argument("--mdqa-records", type=int, metavar="N", help="instead: the record-by-record MDQA cell on "
                         "records 0..N-1 (--model, --dtype, --docs; resumable)")
+    parser.add_argument("--kv-records", type=int, metavar="N", help="instead: the record-by-record KV cell of the original "
+                        "UUID file of --pairs pairs on records 0..N-1 (--model, --dtype; resumable)")
+    parser.add_argument("--pairs", type=int, default=75, choices=sorted(KV_FILES))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--docs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -394,13 +453,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes or Ray actors, each loading the model once")
     parser.add_argument("--ray-address", help="Ray: 'auto' joins a running cluster; none starts a local Ray")
     args = parser.parse_args(argv)
-    if args.mdqa_records:
+    if args.mdqa_records and args.kv_records:
+        parser.error("--mdqa-records and --kv-records are separate runs: give one")
+    if args.mdqa_records or args.kv_records:
+        task, items, n = ("mdqa", args.docs, args.mdqa_records) if args.mdqa_records else ("kv", args.pairs, args.kv_records)
         name = (args.model or ["qwen2.5-coder-0.5b"])[0]
         here = args.backend == "in-process"
         model, tokenizer = (load_model(name, dtype=args.dtype), load_tokenizer(name)) if here else (None, None)
         dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
-        df = mdqa_records(model, tokenizer, name, dtype, args.docs, range(args.mdqa_records), args.batch_size, args.profile,
-                          backend=args.backend, workers=args.workers, ray_address=args.ray_address)
+        df = record_cell(model, tokenizer, name, dtype, task, items, range(n), args.batch_size, args.profile,
+                         backend=args.backend, workers=args.workers, ray_address=args.ray_address)
         print(df.groupby(["condition", "position"])[["correct", "gold_logprob"]].mean().round(3).to_string())
         return
     spec = named_profile(args.profile).position_map

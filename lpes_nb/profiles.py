@@ -211,7 +211,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=2, bench_n=2),
         position_map=PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96, 192), mdqa_docs=(5,)),
                                          MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=())), n=2,
-                                 record_cells=(RecordCell("tiny-llama", "float32", docs=5, n=2),)),
+                                 record_cells=(RecordCell("tiny-llama", "float32", items=5, n=2),)),
         regime_search=RegimeSearch(GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), search_n=2, test_n=3),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
@@ -258,7 +258,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                  n=30,
                                  # the LPES paper's Qwen setting (MDQA with 20 documents, ~3k tokens of a 32k
                                  # window), record by record; grows to all 441 records from the store
-                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", docs=20, n=200),)),
+                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=200),)),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
         # SE it reached). Not run: the committed map shows no deficit.
@@ -341,7 +341,7 @@ PROFILES["gpu"] = replace(
                                               lengths=(512, 1024, 2048, 4096, 8192, 16384, 20480, 24576, 28672), mdqa_docs=(10, 20))),
                              n=100, batch_size=16,
                              # the LPES Qwen setting at the paper's record count (all 441 real 20-document records)
-                             record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", docs=20, n=441),)),
+                             record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=441),)),
     regime_search=RegimeSearch(GAConfig(), search_n=200, test_n=500),
 )
 
@@ -355,7 +355,7 @@ def _gpu_dry(gpu: Profile) -> Profile:
         gpu, name="gpu-dry", model="tiny-llama",
         position_map=PositionMap(models=(MapModel("tiny-llama", "bfloat16", lengths=(96, 192), mdqa_docs=(5,)),
                                          MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=(5,))), n=2, batch_size=4,
-                                 record_cells=(RecordCell("tiny-qwen2", "bfloat16", docs=5, n=2),)),
+                                 record_cells=(RecordCell("tiny-qwen2", "bfloat16", items=5, n=2),)),
         regime_search=replace(gpu.regime_search, ga=small_ga, search_n=2, test_n=2, points=-1.0, require_clear=False),
     )
 

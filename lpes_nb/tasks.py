@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .data import (
+    KV_FILES,
     Sample,
     book_sentences,
     filler_sentences,
@@ -62,9 +63,9 @@ class TaskConfig:
 
 def _kv(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
     if cfg.source == "file":
-        records = load_kv(cfg.offset + cfg.n, data_dir)[cfg.offset :]
-        if any(len(r["ordered_kv_records"]) != cfg.num_items for r in records):
-            raise ValueError(f"the original KV file has 75 pairs per record, not num_items={cfg.num_items}")
+        if cfg.num_items not in KV_FILES:
+            raise ValueError(f"the original KV files hold {sorted(KV_FILES)} pairs per record, not num_items={cfg.num_items}")
+        records = load_kv(cfg.offset + cfg.n, data_dir, cfg.num_items)[cfg.offset :]
     else:
         records = generate_kv(cfg.num_items, cfg.n, cfg.seed, cfg.key_format, cfg.value_format)
     return [kv_sample(r, p, i) for p in positions for i, r in enumerate(records)]

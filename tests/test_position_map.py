@@ -54,19 +54,70 @@ def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypat
     table one process gives; the parent alone writes the store, and a rerun reads it."""
     from lpes_nb.data import data_dir
     from lpes_nb.models import load_model, load_tokenizer
-    from lpes_nb.position_map import mdqa_records
+    from lpes_nb.position_map import record_cell
 
     if not (data_dir() / "mdqa").is_dir():
         pytest.skip("needs the real MDQA records (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "one"))
-    one = mdqa_records(load_model("tiny-llama"), load_tokenizer("tiny-llama"), "tiny-llama", "float32", 5, range(4), 4,
+    one = record_cell(load_model("tiny-llama"), load_tokenizer("tiny-llama"), "tiny-llama", "float32", "mdqa", 5, range(4), 4,
                        "smoke", progress=False)
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "two"))
-    two = mdqa_records(None, None, "tiny-llama", "float32", 5, range(4), 4, "smoke", progress=False,
+    two = record_cell(None, None, "tiny-llama", "float32", "mdqa", 5, range(4), 4, "smoke", progress=False,
                        backend="processes", workers=2)
     assert len(one) == 4 * 7 and list(two["prediction"]) == list(one["prediction"])
     assert list(two["sample"]) == list(one["sample"]) == [r for r in range(4) for _ in range(7)]  # stored under its own id
     np.testing.assert_allclose(two["gold_logprob"], one["gold_logprob"], rtol=1e-5, atol=1e-5)
-    again = mdqa_records(None, None, "tiny-llama", "float32", 5, range(4), 4, "smoke", progress=False,
+    again = record_cell(None, None, "tiny-llama", "float32", "mdqa", 5, range(4), 4, "smoke", progress=False,
                          backend="processes", workers=2)  # all stored: read back
     assert again.equals(two)
+
+
+def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
+    """The KV record cell: the original UUID records of 75 or 140 pairs, the gold pair at the map's five
+    positions, judged as the original evaluation, the gold log-probability beside; stored per record."""
+    from lpes_nb.data import data_dir
+    from lpes_nb.models import load_model, load_tokenizer
+
+    if not (data_dir() / "kv").is_dir():
+        pytest.skip("needs the original KV files (../shared/data)")
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    name = "paper-dry-llama"  # a tiny model with a 16k window: 140 UUID pairs are ~10k of its tokens
+    model, tokenizer = load_model(name), load_tokenizer(name)
+    for pairs, middle in ((75, 37), (140, 70)):
+        df = position_map.record_cell(model, tokenizer, name, "float32", "kv", pairs, [3, 1], 8, "smoke", progress=False)
+        assert list(df["sample"]) == [3] * 5 + [1] * 5 and set(df["condition"]) == {"pairs"}
+        assert list(df["position"][:5]) == [0, round((pairs - 1) / 4), middle, round(3 * (pairs - 1) / 4), pairs - 1]
+        assert df["num_items"].eq(pairs).all() and np.isfinite(df["gold_logprob"]).all()
+        summary = position_map.record_summary(df)
+        assert list(summary["relative_position"]) == pytest.approx([0, 0.25, 0.5, 0.75, 1], abs=0.01)
+    assert len(list(tmp_path.rglob("position_map_records-*.jsonl"))) == 2  # one stored cell per file
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(items=75, n=2, task="passkey"), r"task must be one of \['kv', 'mdqa'\], got 'passkey'"),
+    (dict(items=50, n=2, task="kv"), r"items must be one of \[75, 140\] pairs .*got 50"),
+    (dict(items=21, n=2), r"items must be one of \[2, 20\] documents .*got 21"),
+    (dict(items=75, n=501, task="kv"), r"n must be an integer in \[1, 500\] .*got 501"),
+    (dict(items=20, n=442), r"n must be an integer in \[1, 441\] .*got 442"),
+])
+def test_record_cell_refuses_what_the_files_do_not_hold(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        position_map.RecordCell("m", "float32", **kwargs)
+
+
+def test_paper_curves_are_the_papers_tables():
+    """The papers' baselines beside each record cell, read from data/papers, with the ends − middle
+    gap computed from them (LPES Table 1, CALIOPE Table 5: hand-checked)."""
+    mdqa = position_map.paper_curves("mdqa", 20).groupby("label", sort=False)
+    (lpes_label, lpes), (caliope_label, caliope) = list(mdqa)
+    assert lpes_label.startswith("LPES Table 1: Qwen2.5-7B") and list(lpes.accuracy_percent) == [69.4, 61.0, 62.6, 58.6, 63.6]
+    assert lpes.ends_minus_middle.iloc[0] == pytest.approx((69.4 + 63.6) / 2 - 62.6)
+    assert caliope_label.startswith("CALIOPE Table 5") and list(caliope.relative_position) == [0, 0.2, 0.5, 0.8, 1.0]
+    assert caliope.ends_minus_middle.iloc[0] == pytest.approx((68.2 + 63.4) / 2 - 62.8)
+    kv = position_map.paper_curves("kv", 140)
+    assert kv.ends_minus_middle.iloc[0] == pytest.approx((99.8 + 99.2) / 2 - (92.6 + 90.6) / 2)  # middle: 0.4 and 0.6
+    with pytest.raises(ValueError, match=r"no paper curve for kv with 50 items"):
+        position_map.paper_curves("kv", 50)
+    from lpes_nb.data import load_kv
+    with pytest.raises(ValueError, match=r"hold \[75, 140\] pairs per record, not pairs=50"):
+        load_kv(pairs=50)
