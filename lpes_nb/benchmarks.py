@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples, record_groups, token_segments
+from .evaluate import evaluate_samples, record_groups, token_segments
 from .methods import (
     CALIOPE_KINDS,
     LASP,
@@ -32,7 +32,7 @@ from .models import load_model, load_tokenizer
 from .moice import MoICE
 from .results import cached_table
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
-from .tasks import TaskConfig
+from .tasks import EvalSettings, TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
 
 # The compared methods, by display name, in the order of the benchmark tables: each entry builds the

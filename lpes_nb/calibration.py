@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .fitness import position_table
-from .tasks import TaskConfig
+from .tasks import EvalSettings, TaskConfig
 
 
 def calibrate(model, tokenizer, configs: list[TaskConfig], settings: EvalSettings = EvalSettings(),

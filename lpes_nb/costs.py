@@ -39,8 +39,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .footprint import reset_peak_rss, rss_kib
+from .models import model_from_config, tiny_config
+from .position_map import LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
 from .profiles import Profile, profile
+from .regime_search import TRANSFER
 from .results import project_root, write_csv, write_json
+from .run import discover, run, select
+from .tasks import TASKS
+from .training import frozen
 
 COSTS_DIR = "results/costs"
 FOOTPRINT_FILE = "paper_dry_footprint.jsonl"
@@ -95,8 +102,6 @@ SHAPES = {
 
 def shape_of(model: str) -> Shape:
     """A known model's shape, or a tiny random model's (from its config)."""
-    from .models import tiny_config
-
     return SHAPES[model] if model in SHAPES else Shape.of(tiny_config(model))
 
 
@@ -196,8 +201,6 @@ MEMORY_OPERATIONS = {
 
 
 def _operation(model, name: str) -> None:
-    from .training import frozen
-
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = lambda b, t: torch.randint(0, vocab, (b, t), generator=gen)  # noqa: E731
@@ -224,9 +227,6 @@ def memory_scaling(widths=(16, 32, 64), big: Shape = VICUNA_7B) -> pd.DataFrame:
     """Peak resident memory above the loaded model of each :data:`MEMORY_OPERATIONS` entry on
     ``paper-dry-llama`` with the 7B's depth at several widths (head size 16, MLP ratio 2.6875,
     float32); :func:`memory_fit` extrapolates it to the 7B's width."""
-    from .footprint import reset_peak_rss, rss_kib
-    from .models import model_from_config, tiny_config
-
     rows = []
     for width in widths:
         config = tiny_config("paper-dry-llama", hidden_size=width, num_attention_heads=width // 16, num_hidden_layers=big.layers,
@@ -269,8 +269,6 @@ def dry_run(out: Path, start: str | None = None) -> None:
     executed notebooks, an empty result store of their own, the records); ``start`` resumes at a
     notebook after a failure (studies already measured are read back, not measured twice). Then
     copy the records and the per-notebook wall times to ``results/costs/`` and write the table."""
-    from .run import discover, run, select
-
     root = project_root()
     out.mkdir(parents=True, exist_ok=True)
     footprint, timings_file = out / FOOTPRINT_FILE, out / NOTEBOOKS_FILE
@@ -291,8 +289,6 @@ def dry_run(out: Path, start: str | None = None) -> None:
 
 
 def write_table() -> pd.DataFrame:
-    from .models import tiny_config
-
     table = cost_table(read_records(), Shape.of(tiny_config("paper-dry-llama")))
     write_csv(project_root() / COSTS_DIR / TABLE_FILE, table)
     return table
@@ -325,10 +321,6 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
     prompt tokens); by default each model's KV at its longest length, the dearest regime. The transfer
     task is planned at the length closest to the regime's, as :func:`lpes_nb.regime_search.search_tasks`
     picks it."""
-    from .position_map import LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
-    from .regime_search import TRANSFER
-    from .tasks import TASKS
-
     spec, rs = p.position_map, p.regime_search
     rows = []
 

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .evaluate import EvalSettings
 from .fitness import LAMBDAS, PositionFitness
+from .models import load_model, load_tokenizer
 from .results import ResultCache
-from .tasks import TaskConfig
+from .tasks import EvalSettings, TaskConfig
 
 _loads = 0  # models loaded by FitnessSpec.build in this process (a worker reports it)
 
@@ -43,8 +43,6 @@ class FitnessSpec:
     data_dir: str | None = None
 
     def build(self) -> PositionFitness:
-        from .models import load_model, load_tokenizer
-
         global _loads
         model = load_model(self.model_name, dtype=self.dtype)
         _loads += 1
@@ -146,7 +144,7 @@ class RayFitness(_Distributed):
 
     def __init__(self, factory: Callable[[], Callable], actors: int = 2, address: str | None = None,
                  num_cpus: float = 1, num_gpus: float = 0, progress: bool = True):
-        import ray
+        import ray  # optional (pip install lpes-nb[ray]): imported where it is used
         from ray.util import ActorPool
 
         if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
@@ -174,12 +172,12 @@ class RayFitness(_Distributed):
         return self.pool.map(lambda actor, item: actor.run.remote(item), list(items))
 
     def stats(self) -> list[dict]:
-        import ray
+        import ray  # optional, as above
 
         return ray.get([a.stats.remote() for a in self.actors])
 
     def close(self) -> None:
-        import ray
+        import ray  # optional, as above
 
         for actor in self.actors:
             ray.kill(actor)

@@ -24,7 +24,7 @@ from . import prefix
 from .data import Sample
 from .methods import Baseline, FixedSpecs, Method
 from .rope import RopeSpec
-from .tasks import TASKS, copy_columns
+from .tasks import TASKS, EvalSettings, copy_columns
 
 # --- tokenisation -------------------------------------------------------------------------------
 
@@ -157,29 +157,6 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens:
 
 
 # --- evaluation of a task under a RoPE configuration -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    mode: str = "score"  # "score" (one forward) or "generate" (greedy decoding)
-    max_new_tokens: int = 8
-    batch_size: int = 8
-    chat: bool = False
-    on_overflow: str = "error"
-    stop_at_newline: bool = True  # generate mode: stop each answer at its first newline, else at the end-of-sequence token
-
-    def __post_init__(self):
-        if self.mode not in ("score", "generate"):
-            raise ValueError(f"mode must be 'score' or 'generate', got {self.mode!r}")
-        for name in ("max_new_tokens", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"EvalSettings.{name} must be an integer >= 1, got {value!r}")
-        if self.on_overflow not in ("error", "skip"):
-            raise ValueError(f"on_overflow must be 'error' or 'skip', got {self.on_overflow!r}")
-        for name in ("chat", "stop_at_newline"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"EvalSettings.{name} must be True or False, got {getattr(self, name)!r}")
 
 
 def token_segments(tokenizer, sample: Sample) -> list[int]:

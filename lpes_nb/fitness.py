@@ -12,11 +12,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, u_shape_rho
 from .models import model_fingerprint
 from .results import ResultCache, cache_key
 from .rope import scale_specs
+from .tasks import EvalSettings
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
 

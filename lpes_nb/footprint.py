@@ -26,6 +26,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 ENV = "LPES_FOOTPRINT"
 NOTEBOOK_ENV = "LPES_NOTEBOOK"  # set by lpes_nb.run for each notebook it executes
 _STATUS = Path("/proc/self/status")
@@ -34,15 +37,12 @@ _MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 
 
 def _ops_mode():
-    """A dispatch mode (built on first use: this module stays importable without torch) that counts
+    """A dispatch mode (its class built on first use) that counts
     matrix-product FLOPs by the product's output width (the output head is the product as wide as
     the vocabulary), fused-attention FLOPs and decoding steps, and tracks the largest freshly
     allocated operator output (views and in-place results alias an input and are skipped). It runs
     every operator as called: torch's FlopCounterMode decomposes fused attention it has no formula
     for into plain matmuls and a softmax, materialising the very T x T matrix the fused kernel avoids."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class Ops(TorchDispatchMode):
         def __init__(self):
             super().__init__()

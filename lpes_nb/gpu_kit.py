@@ -56,13 +56,13 @@ from . import carry, costs, machine
 from .benchmarks import compared_methods, latency_samples
 from .bezier import layer_scales
 from .data import data_dir
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .fitness import PositionFitness
 from .ga import GAConfig
 from .models import TINY_MODELS, ensure_embedded, load_model, load_tokenizer, model_from_config, tiny_config
 from .results import write_csv, write_json
 from .rope import RopePatch, find_rope_stack, scale_specs
-from .tasks import TASKS, TaskConfig
+from .tasks import TASKS, EvalSettings, TaskConfig
 
 STEPS = ("carry", "parity", "latency", "ga", "regime")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from .rope import (
     RopePatch,
@@ -308,8 +309,6 @@ class AttentionBuckets(Method):
                                         logits_to_keep=keep).logits for p in self._patches(model)])
 
     def generate(self, model, ids, mask, max_new_tokens, **options):
-        from transformers import DynamicCache
-
         patches = self._patches(model)
         caches = [DynamicCache(config=model.config) for _ in patches]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)

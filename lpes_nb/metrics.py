@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binomtest, norm
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -105,8 +106,6 @@ def u_shape_rho(relative_positions: Sequence[float], outcomes: Sequence[float]) 
 def proportion_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """(low, high): the Wilson score interval of a proportion k/n (scipy's binomtest). Never of zero
     width, also at 0/n and n/n (0/30 gives [0, 11.4 %]), unlike a percentile bootstrap."""
-    from scipy.stats import binomtest
-
     for name, value in (("k", k), ("n", n)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"proportion_ci: {name} must be an integer, got {value!r}")
@@ -121,8 +120,6 @@ def proportion_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, floa
 def minimum_detectable_effect(standard_error: float, power: float = 0.8, alpha: float = 0.05) -> float:
     """The smallest true difference a two-sided test at level ``alpha`` detects with probability
     ``power``, given the standard error of the estimated difference: (z_{1−α/2} + z_power) · SE."""
-    from scipy.stats import norm
-
     if not (np.isfinite(standard_error) and standard_error >= 0):
         raise ValueError(f"standard_error must be a finite number >= 0, got {standard_error!r}")
     if not 0 < power < 1 or not 0 < alpha < 1:

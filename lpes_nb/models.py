@@ -9,6 +9,7 @@ copy under the cache directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb`
 from __future__ import annotations
 
 import hashlib
+import argparse
 import importlib.metadata
 import importlib.util
 import json
@@ -330,8 +331,6 @@ def describe_model(model: PreTrainedModel) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.models", description="Prepare the embedded models.")
     parser.add_argument("--prepare", nargs="*", metavar="NAME", choices=sorted(EMBEDDED_MODELS),
                         help=f"convert these embedded models' GGUF to the safetensors cache (default: {EMBEDDED})")

@@ -25,12 +25,16 @@ import safetensors.torch
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
 from . import footprint
 from .interventions import Interventions
 from .methods import Method
 from .results import atomic_write, cache_key, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
+from .training import answer_batch, backward_answer_nll, frozen
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
@@ -57,8 +61,6 @@ class Router(nn.Module):
 
 def _attention(module, query, key, value, attention_mask, **kwargs):
     """Registered as ``lpes_moice``: q [B, H, T, D] and k [B, H_kv, S, D] arrive un-rotated."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     router, stack, rotate, tables = getattr(module, _STATE)
     layer = module.layer_idx
     q_pos = kwargs["position_ids"].float()  # [B or 1, T]
@@ -76,13 +78,6 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import (
-        ALL_MASK_ATTENTION_FUNCTIONS,
-        AttentionMaskInterface,
-        sdpa_mask,
-    )
-
     if ATTENTION_NAME not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
         AttentionInterface.register(ATTENTION_NAME, _attention)
         AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
@@ -156,8 +151,6 @@ class RouterTraining:
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
-    from .training import answer_batch, backward_answer_nll, frozen
-
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
     method.router = router

@@ -22,13 +22,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .data import KV_FILES, KV_RECORDS, MDQA_RECORDS, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
+from .data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
 from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
 from .metrics import proportion_ci, u_shape_rho
 from .models import load_model, load_tokenizer, resolve_dtype
 from .position_gate import gate
+from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
 from .tasks import TASKS, TaskConfig
 
@@ -36,82 +37,6 @@ RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
 VERSION = 1  # bump when the code behind a stored cell changes
 MDQA_TOKENS_PER_DOC = 160  # about, for ordering the cells by cost
-
-
-@dataclass(frozen=True)
-class MapModel:
-    """One model of the map: its dtype, the prompt lengths (tokens) of the length-set tasks, and the
-    MDQA document counts (each count fixes its own length)."""
-
-    model: str
-    dtype: str
-    lengths: tuple[int, ...]
-    mdqa_docs: tuple[int, ...]
-
-    def __post_init__(self):
-        if not self.lengths or any(not isinstance(x, int) or x < 64 for x in self.lengths):
-            raise ValueError(f"MapModel.lengths must be integers >= 64 tokens, got {self.lengths!r}")
-        if any(not isinstance(d, int) or not 5 <= d <= 20 for d in self.mdqa_docs):
-            raise ValueError(f"MapModel.mdqa_docs must be integers in [5, 20] (the records hold 20), got {self.mdqa_docs!r}")
-
-
-RECORD_TASKS = {"mdqa": MDQA_RECORDS, "kv": KV_RECORDS}  # the real records' tasks -> records in the file
-POSITIONAL = {"mdqa": "documents", "kv": "pairs"}  # the condition of the rows with the gold item at a position
-
-
-@dataclass(frozen=True)
-class RecordCell:
-    """A cell computed record by record (:func:`record_cell`) on the first ``n`` real records: MDQA
-    with ``items`` documents (2-20; with closed-book and oracle answers) or the original UUID KV
-    retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability."""
-
-    model: str
-    dtype: str
-    items: int
-    n: int
-    task: str = "mdqa"
-
-    def __post_init__(self):
-        if self.task not in RECORD_TASKS:
-            raise ValueError(f"RecordCell.task must be one of {sorted(RECORD_TASKS)}, got {self.task!r}")
-        allowed = range(2, 21) if self.task == "mdqa" else tuple(KV_FILES)
-        if not isinstance(self.items, int) or self.items not in allowed:
-            what = "[2, 20] documents (the records hold 20)" if self.task == "mdqa" else f"{sorted(KV_FILES)} pairs (the files)"
-            raise ValueError(f"RecordCell.items must be one of {what}, got {self.items!r}")
-        most = RECORD_TASKS[self.task]
-        if not isinstance(self.n, int) or not 1 <= self.n <= most:
-            raise ValueError(f"RecordCell.n must be an integer in [1, {most}] (the real {self.task} records), got {self.n!r}")
-
-    @property
-    def name(self) -> str:
-        return f"{self.model} {self.dtype} {self.task}-{self.items}"
-
-
-@dataclass(frozen=True)
-class PositionMap:
-    """The map's settings: models, records per cell and position (``n``), batch size, and the cells
-    computed record by record (``record_cells``)."""
-
-    models: tuple[MapModel, ...]
-    n: int
-    batch_size: int = 8
-    seed: int = 300  # generated tasks: records disjoint from the other studies' seeds
-    mdqa_offset: int = 200  # MDQA: questions after those the other studies use
-    record_cells: tuple[RecordCell, ...] = ()
-
-    def __post_init__(self):
-        if not self.models or self.n < 1 or self.batch_size < 1:
-            raise ValueError(f"PositionMap needs models, n >= 1 and batch_size >= 1, got {self!r}")
-
-    def cells(self, m: MapModel, tokenizer) -> list[TaskConfig]:
-        """The task settings of model ``m``'s cells, cheapest first (``tokenizer``: ``m``'s, which
-        sizes the length-set tasks)."""
-        cfgs = [(length, items_for_length(task, length, tokenizer, self.n, self.seed)) for length in m.lengths for task in LENGTH_TASKS]
-        cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=self.n, offset=self.mdqa_offset)))
-                 for docs in m.mdqa_docs]
-        # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
-        # lengths can need the same minimum of items
-        return list(dict.fromkeys(c for _, c in sorted(cfgs, key=lambda lc: lc[0])))
 
 
 def _at_positions(cfg: TaskConfig) -> TaskConfig:
@@ -130,6 +55,17 @@ def items_for_length(task: str, tokens: int, tokenizer, n: int, seed: int, data_
     at_lo, at_hi = length(lo), length(hi)
     items = max(5, round(hi + (tokens - at_hi) * (hi - lo) / (at_hi - at_lo)))
     return _at_positions(TaskConfig(task, items, n=n, seed=seed))
+
+
+def map_cells(spec: PositionMap, m: MapModel, tokenizer) -> list[TaskConfig]:
+    """The task settings of model ``m``'s cells in ``spec``, cheapest first (``tokenizer``: ``m``'s,
+    which sizes the length-set tasks)."""
+    cfgs = [(length, items_for_length(task, length, tokenizer, spec.n, spec.seed)) for length in m.lengths for task in LENGTH_TASKS]
+    cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=spec.n, offset=spec.mdqa_offset)))
+             for docs in m.mdqa_docs]
+    # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
+    # lengths can need the same minimum of items
+    return list(dict.fromkeys(c for _, c in sorted(cfgs, key=lambda lc: lc[0])))
 
 
 def cell_samples(model, tokenizer, model_name: str, dtype: str, cfg: TaskConfig, batch_size: int, profile: str,
@@ -422,7 +358,7 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
     for m in chosen:
         model, tokenizer = load_model(m.model, dtype=m.dtype), load_tokenizer(m.model)
         dtype = str(resolve_dtype(m.dtype)).removeprefix("torch.")
-        cells = spec.cells(m, tokenizer)
+        cells = map_cells(spec, m, tokenizer)
         for cfg in tqdm(cells, desc=f"map cells, {m.model}", disable=not progress):
             df = cell_samples(model, tokenizer, m.model, dtype, cfg, spec.batch_size, profile, progress)
             frames.append(df.assign(model=m.model, dtype=dtype, num_items=cfg.num_items))
@@ -435,8 +371,6 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .profiles import profile as named_profile
-
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.position_map", description=__doc__)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--model", action="append", help="only this model's cells (repeatable)")

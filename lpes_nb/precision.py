@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .metrics import proportion_ci
+from .tasks import EvalSettings
 
 
 def agreement(models: dict[str, object], tokenizer, samples: Sequence[Sample], settings: EvalSettings) -> pd.DataFrame:

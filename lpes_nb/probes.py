@@ -17,11 +17,12 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from .data import Sample
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .interventions import Interventions, Stop
 from .metrics import perplexity
 from .results import cached_table
 from .rope import RopeSpec, find_rope_stack, rope_context
+from .tasks import EvalSettings
 
 
 def _batches(windows: Sequence[Sequence[int]], batch_size: int) -> list[torch.Tensor]:

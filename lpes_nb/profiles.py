@@ -14,11 +14,128 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, fields, replace
 
-from .evaluate import EvalSettings
+from .data import KV_FILES, KV_RECORDS, MDQA_RECORDS
 from .ga import GAConfig
-from .position_map import MapModel, PositionMap, RecordCell
-from .regime_search import RegimeSearch
-from .tasks import TaskConfig
+from .tasks import EvalSettings, TaskConfig
+
+
+
+@dataclass(frozen=True)
+class MapModel:
+    """One model of the map: its dtype, the prompt lengths (tokens) of the length-set tasks, and the
+    MDQA document counts (each count fixes its own length)."""
+
+    model: str
+    dtype: str
+    lengths: tuple[int, ...]
+    mdqa_docs: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.lengths or any(not isinstance(x, int) or x < 64 for x in self.lengths):
+            raise ValueError(f"MapModel.lengths must be integers >= 64 tokens, got {self.lengths!r}")
+        if any(not isinstance(d, int) or not 5 <= d <= 20 for d in self.mdqa_docs):
+            raise ValueError(f"MapModel.mdqa_docs must be integers in [5, 20] (the records hold 20), got {self.mdqa_docs!r}")
+
+
+RECORD_TASKS = {"mdqa": MDQA_RECORDS, "kv": KV_RECORDS}  # the real records' tasks -> records in the file
+POSITIONAL = {"mdqa": "documents", "kv": "pairs"}  # the condition of the rows with the gold item at a position
+
+
+@dataclass(frozen=True)
+class RecordCell:
+    """A cell computed record by record (:func:`record_cell`) on the first ``n`` real records: MDQA
+    with ``items`` documents (2-20; with closed-book and oracle answers) or the original UUID KV
+    retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability."""
+
+    model: str
+    dtype: str
+    items: int
+    n: int
+    task: str = "mdqa"
+
+    def __post_init__(self):
+        if self.task not in RECORD_TASKS:
+            raise ValueError(f"RecordCell.task must be one of {sorted(RECORD_TASKS)}, got {self.task!r}")
+        allowed = range(2, 21) if self.task == "mdqa" else tuple(KV_FILES)
+        if not isinstance(self.items, int) or self.items not in allowed:
+            what = "[2, 20] documents (the records hold 20)" if self.task == "mdqa" else f"{sorted(KV_FILES)} pairs (the files)"
+            raise ValueError(f"RecordCell.items must be one of {what}, got {self.items!r}")
+        most = RECORD_TASKS[self.task]
+        if not isinstance(self.n, int) or not 1 <= self.n <= most:
+            raise ValueError(f"RecordCell.n must be an integer in [1, {most}] (the real {self.task} records), got {self.n!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {self.dtype} {self.task}-{self.items}"
+
+
+@dataclass(frozen=True)
+class PositionMap:
+    """The map's settings: models, records per cell and position (``n``), batch size, and the cells
+    computed record by record (``record_cells``)."""
+
+    models: tuple[MapModel, ...]
+    n: int
+    batch_size: int = 8
+    seed: int = 300  # generated tasks: records disjoint from the other studies' seeds
+    mdqa_offset: int = 200  # MDQA: questions after those the other studies use
+    record_cells: tuple[RecordCell, ...] = ()
+
+    def __post_init__(self):
+        if not self.models or self.n < 1 or self.batch_size < 1:
+            raise ValueError(f"PositionMap needs models, n >= 1 and batch_size >= 1, got {self!r}")
+
+
+@dataclass(frozen=True)
+class RegimeSearch:
+    """The search's settings. ``search_n`` / ``test_n``: records per position (begin, middle, end) of
+    the search and test sets; MDQA has only :data:`MDQA_RECORDS` real records, so its test set takes
+    those before ``mdqa_split`` and its search set those from it on (capped at what there is).
+    ``points`` / ``require_clear``: the map's deficit criterion (``require_clear=False`` only in dry
+    runs on random models, so that they reach the search)."""
+
+    ga: GAConfig
+    search_n: int
+    test_n: int
+    seeds: tuple[int, ...] = (0, 1)
+    points: float = 0.10
+    require_clear: bool = True
+    transfer: bool = True
+    tie_break: float = 1e-3
+    mdqa_split: int = 300
+    search_seed: int = 301  # generated tasks: records disjoint from the map's (seed 300) and from each other
+    test_seed: int = 302
+
+    def __post_init__(self):
+        for name in ("search_n", "test_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RegimeSearch.{name} must be an integer >= 1, got {value!r}")
+        if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)):
+            raise ValueError(f"RegimeSearch.seeds must be distinct integers >= 0, got {self.seeds!r}")
+        if not -1 <= self.points <= 1:
+            raise ValueError(f"RegimeSearch.points must be in [-1, 1] (accuracy points as a fraction), got {self.points!r}")
+        if not 1 <= self.mdqa_split < MDQA_RECORDS:
+            raise ValueError(f"RegimeSearch.mdqa_split must be in [1, {MDQA_RECORDS - 1}], got {self.mdqa_split!r}")
+        if self.search_seed == self.test_seed:
+            raise ValueError(f"RegimeSearch: search_seed and test_seed must differ (disjoint records), both {self.search_seed}")
+
+    def sizes(self, task: str) -> tuple[int, int]:
+        """Records per position of the (search, test) sets of ``task``."""
+        if task == "mdqa":
+            return min(self.search_n, MDQA_RECORDS - self.mdqa_split), min(self.test_n, self.mdqa_split)
+        return self.search_n, self.test_n
+
+    def split(self, task: str, num_items: int) -> tuple[TaskConfig, TaskConfig]:
+        """The (search, test) sets of a task at ``num_items`` items, at the first, middle and last position."""
+        ends = (0, round(0.5 * (num_items - 1)), num_items - 1)
+        search_n, test_n = self.sizes(task)
+        if task == "mdqa":
+            search = TaskConfig("mdqa", num_items, n=search_n, offset=self.mdqa_split, positions=ends)
+            return search, TaskConfig("mdqa", num_items, n=test_n, positions=ends)
+        return (TaskConfig(task, num_items, n=search_n, seed=self.search_seed, positions=ends),
+                TaskConfig(task, num_items, n=test_n, seed=self.test_seed, positions=ends))
 
 
 class _Checked:

@@ -12,73 +12,20 @@ on KV, tested on MDQA, and the reverse."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from .data import MDQA_RECORDS
 from .fitness import paired_fitness_difference
-from .ga import GAConfig
 from .models import load_model, load_tokenizer
-from .position_map import PositionMap, middle_deficits
+from .position_map import middle_deficits
+from .profiles import PositionMap, RegimeSearch
 from .results import cached_table, output_dir, write_csv
 from .search import bezier_space, reference_fitness, run_search, scales_samples
 from .tasks import TASKS, TaskConfig
 
 TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
-
-
-@dataclass(frozen=True)
-class RegimeSearch:
-    """The search's settings. ``search_n`` / ``test_n``: records per position (begin, middle, end) of
-    the search and test sets; MDQA has only :data:`MDQA_RECORDS` real records, so its test set takes
-    those before ``mdqa_split`` and its search set those from it on (capped at what there is).
-    ``points`` / ``require_clear``: the map's deficit criterion (``require_clear=False`` only in dry
-    runs on random models, so that they reach the search)."""
-
-    ga: GAConfig
-    search_n: int
-    test_n: int
-    seeds: tuple[int, ...] = (0, 1)
-    points: float = 0.10
-    require_clear: bool = True
-    transfer: bool = True
-    tie_break: float = 1e-3
-    mdqa_split: int = 300
-    search_seed: int = 301  # generated tasks: records disjoint from the map's (seed 300) and from each other
-    test_seed: int = 302
-
-    def __post_init__(self):
-        for name in ("search_n", "test_n"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RegimeSearch.{name} must be an integer >= 1, got {value!r}")
-        if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)):
-            raise ValueError(f"RegimeSearch.seeds must be distinct integers >= 0, got {self.seeds!r}")
-        if not -1 <= self.points <= 1:
-            raise ValueError(f"RegimeSearch.points must be in [-1, 1] (accuracy points as a fraction), got {self.points!r}")
-        if not 1 <= self.mdqa_split < MDQA_RECORDS:
-            raise ValueError(f"RegimeSearch.mdqa_split must be in [1, {MDQA_RECORDS - 1}], got {self.mdqa_split!r}")
-        if self.search_seed == self.test_seed:
-            raise ValueError(f"RegimeSearch: search_seed and test_seed must differ (disjoint records), both {self.search_seed}")
-
-    def sizes(self, task: str) -> tuple[int, int]:
-        """Records per position of the (search, test) sets of ``task``."""
-        if task == "mdqa":
-            return min(self.search_n, MDQA_RECORDS - self.mdqa_split), min(self.test_n, self.mdqa_split)
-        return self.search_n, self.test_n
-
-    def split(self, task: str, num_items: int) -> tuple[TaskConfig, TaskConfig]:
-        """The (search, test) sets of a task at ``num_items`` items, at the first, middle and last position."""
-        ends = (0, round(0.5 * (num_items - 1)), num_items - 1)
-        search_n, test_n = self.sizes(task)
-        if task == "mdqa":
-            search = TaskConfig("mdqa", num_items, n=search_n, offset=self.mdqa_split, positions=ends)
-            return search, TaskConfig("mdqa", num_items, n=test_n, positions=ends)
-        return (TaskConfig(task, num_items, n=search_n, seed=self.search_seed, positions=ends),
-                TaskConfig(task, num_items, n=test_n, seed=self.test_seed, positions=ends))
 
 
 def choose_regime(table: pd.DataFrame, rs: RegimeSearch) -> dict | None:

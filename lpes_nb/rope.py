@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .interventions import Interventions
 
@@ -179,8 +180,6 @@ class RopeStack:
         return inv_freq
 
     def _init_fn(self, rope_type: str):
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
         if rope_type == "default":
             return self.rotary.compute_default_rope_parameters
         return ROPE_INIT_FUNCTIONS[rope_type]

@@ -15,6 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
+import papermill
+
+from .footprint import NOTEBOOK_ENV
+from .profiles import PROFILES
+
 
 def discover(notebook_dir: Path) -> list[Path]:
     """The numbered notebooks (``NN_name.ipynb``) in reading order."""
@@ -43,11 +49,6 @@ def select(notebooks: list[Path], only: list[str] | None = None, start: str | No
 
 def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | None = None) -> list[dict]:
     """Execute each notebook; raise SystemExit with a clear message at the first failing cell."""
-    import papermill
-
-    from .footprint import NOTEBOOK_ENV
-    from .profiles import PROFILES
-
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,8 +81,6 @@ def clean_for_publish(path: Path) -> None:
     """Drop what only made sense in the live kernel before a notebook is committed: the saved widget
     state (progress bars), widget views (their text fallback stays), TqdmWarning noise, and the
     run's timestamps and paths."""
-    import nbformat
-
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
     # run-specific timestamps and paths: without them, republishing the same outputs changes nothing
@@ -115,8 +114,6 @@ def _literal(text: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .profiles import PROFILES
-
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--only", nargs="+", help="run only these notebooks (number prefixes or names)")

@@ -16,12 +16,12 @@ from . import footprint
 from .bezier import Y_RANGE
 from .data import Sample
 from .distributed import FitnessSpec, distributed_fitness
-from .evaluate import EvalSettings, evaluate_samples
+from .evaluate import evaluate_samples
 from .fitness import LAMBDAS, PositionFitness, fitness_se, position_tables, weighted_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
-from .tasks import TaskConfig
+from .tasks import EvalSettings, TaskConfig
 from .training import answer_batch, backward_answer_nll, frozen
 
 

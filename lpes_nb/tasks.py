@@ -108,6 +108,32 @@ def _mdqa_title(sample: Sample, item: int) -> str:
 
 
 @dataclass(frozen=True)
+class EvalSettings:
+    """How answers are produced: one scoring forward or greedy decoding of ``max_new_tokens``, in batches;
+    what a prompt past the window does; where a generated answer ends."""
+
+    mode: str = "score"  # "score" (one forward) or "generate" (greedy decoding)
+    max_new_tokens: int = 8
+    batch_size: int = 8
+    chat: bool = False
+    on_overflow: str = "error"
+    stop_at_newline: bool = True  # generate mode: stop each answer at its first newline, else at the end-of-sequence token
+
+    def __post_init__(self):
+        if self.mode not in ("score", "generate"):
+            raise ValueError(f"mode must be 'score' or 'generate', got {self.mode!r}")
+        for name in ("max_new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EvalSettings.{name} must be an integer >= 1, got {value!r}")
+        if self.on_overflow not in ("error", "skip"):
+            raise ValueError(f"on_overflow must be 'error' or 'skip', got {self.on_overflow!r}")
+        for name in ("chat", "stop_at_newline"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EvalSettings.{name} must be True or False, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
 class Task:
     """A kind of task: how a :class:`TaskConfig` builds its samples (at the given gold positions),
     whether a generated answer is correct (the task's metric), how the original evaluation generates
@@ -123,8 +149,6 @@ class Task:
 
     def settings(self, batch_size: int = 8):
         """Generate-mode settings that judge this task as its original evaluation does."""
-        from .evaluate import EvalSettings  # evaluate judges through TASKS: imported here, not at the top
-
         return EvalSettings(mode="generate", max_new_tokens=self.answer_tokens, batch_size=batch_size,
                             stop_at_newline=self.first_line)
 

@@ -23,15 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from . import prefix
 from .data import load_mdqa, mdqa_sample
-from .evaluate import EvalSettings, encode, evaluate_samples, record_groups
+from .evaluate import encode, evaluate_samples, record_groups
 from .machine import describe_cpu
 from .methods import lpes
 from .models import QWEN, load_model, load_tokenizer
 from .results import output_dir, write_json
-from .tasks import TASKS, TaskConfig
+from .tasks import TASKS, EvalSettings, TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
 
 MDQA_GOLD = (0, 5, 10, 15, 19)
@@ -79,8 +80,6 @@ def forward_speed(model, tokens: int) -> dict:
 def forward_profile(model, tokens: int, top: int = 8) -> list[dict]:
     """Where one forward's time goes: the operators with the largest self CPU time (torch.profiler),
     each with its share of the total."""
-    from torch.profiler import ProfilerActivity, profile
-
     ids = torch.randint(100, 1000, (1, tokens))
     model(input_ids=ids, logits_to_keep=1)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

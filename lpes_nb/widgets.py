@@ -11,7 +11,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import bqplot as bq
+import ipywidgets as w
 import numpy as np
+from IPython.display import display
 
 from .bezier import CURVES, Y_RANGE, layer_positions, layer_scales
 from .results import BEST_SCALES, read_scales, save_scales
@@ -51,9 +54,6 @@ class BezierExplorer:
 
     def __init__(self, num_layers: int = 30, count: int = 4, curve: str = "bezier",
                  results_dir: str | Path = "results", evaluate: Callable[[list[float]], object] | None = None):
-        import bqplot as bq
-        import ipywidgets as w
-
         if curve not in CURVES:
             raise ValueError(f"unknown curve type {curve!r}; choose one of {CURVES}")
         self.num_layers, self.curve = num_layers, curve
@@ -154,8 +154,6 @@ class BezierExplorer:
         self.set_points(pts, k)
 
     def _build_sliders(self) -> None:
-        import ipywidgets as w
-
         rows = []
         for k in range(len(self.points)):
             # continuous_update=False: the browser's slider snaps every value the kernel sets to its
@@ -211,8 +209,6 @@ class BezierExplorer:
         self._status.value = f"loaded {path} (fitness {payload.get('fitness')})"
 
     def _evaluate(self) -> None:
-        from IPython.display import display
-
         self.output.clear_output()
         with self.output:
             self._status.value = "evaluating..."

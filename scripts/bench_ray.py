@@ -14,11 +14,10 @@ import ray
 import torch
 
 from lpes_nb.distributed import FitnessSpec, RayFitness
-from lpes_nb.evaluate import EvalSettings
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch
 from lpes_nb.models import EMBEDDED, load_model
 from lpes_nb.results import write_json
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.tasks import EvalSettings, TaskConfig
 
 TASK = TaskConfig("kv", 10, n=4, seed=5, key_format="letters6", value_format="digits4")
 CONFIG = GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=1, seed=0)

@@ -8,11 +8,10 @@ import pandas as pd
 import pytest
 
 from lpes_nb.distributed import FitnessSpec, ProcessPoolFitness, RayFitness
-from lpes_nb.evaluate import EvalSettings
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, TargetCurveFitness
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.search import run_search
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.tasks import EvalSettings, TaskConfig
 
 L = 8
 TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")

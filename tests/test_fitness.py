@@ -70,7 +70,7 @@ def test_paired_difference_is_the_fitness_difference_with_a_paired_interval():
 def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, tmp_path):
     """Generate mode judges text and has no log-probability: the tie-break must come from a scoring
     pass, else equal accuracies stay tied in whatever order the GA met them."""
-    from lpes_nb.evaluate import EvalSettings
+    from lpes_nb.tasks import EvalSettings
     from lpes_nb.rope import scale_specs
 
     samples, scales = _toy_samples(), [2.0, 1.5, 1.0, 3.0]

@@ -140,7 +140,7 @@ def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
 
 
 def test_attention_buckets_with_one_bucket_at_the_models_base_is_the_baseline(tiny_llama, tokenizer):
-    from lpes_nb.evaluate import EvalSettings
+    from lpes_nb.tasks import EvalSettings
     from lpes_nb.methods import AttentionBuckets
 
     one = AttentionBuckets(bases=[tiny_llama.config.rope_parameters["rope_theta"]])
@@ -201,7 +201,7 @@ def test_every_registered_method_implements_the_protocol_in_both_judges(tokenize
     generate mode on document prompts, and is one entry of METHODS. (A 32k-position window, so that
     CALIOPE's default layouts fit.)"""
     from lpes_nb.benchmarks import METHODS, compared_methods
-    from lpes_nb.evaluate import EvalSettings
+    from lpes_nb.tasks import EvalSettings
     from lpes_nb.methods import Method
     from lpes_nb.models import model_from_config, tiny_config
 

@@ -6,6 +6,7 @@ import pytest
 
 from lpes_nb import position_map
 from lpes_nb.evaluate import encode
+from lpes_nb.profiles import RecordCell
 
 
 def _cell(task, num_items, accuracies, n=30, tokens=500):
@@ -102,7 +103,7 @@ def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
 ])
 def test_record_cell_refuses_what_the_files_do_not_hold(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        position_map.RecordCell("m", "float32", **kwargs)
+        RecordCell("m", "float32", **kwargs)
 
 
 def test_paper_curves_are_the_papers_tables():

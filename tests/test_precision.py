@@ -5,11 +5,10 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from lpes_nb.evaluate import EvalSettings
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.precision import agreement, agreement_summary
 from lpes_nb.profiles import PROFILES, SecondModel
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.tasks import EvalSettings, TaskConfig
 
 
 def test_agreement_pairs_each_sample_across_dtypes():

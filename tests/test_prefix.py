@@ -8,10 +8,10 @@ import torch
 
 from lpes_nb import prefix
 from lpes_nb.benchmarks import METHODS
-from lpes_nb.evaluate import EvalSettings, encode, evaluate_samples
+from lpes_nb.evaluate import encode, evaluate_samples
 from lpes_nb.methods import LASP, Baseline, Method, MsPoE, lpes
 from lpes_nb.models import QWEN, load_model, load_tokenizer
-from lpes_nb.tasks import TASKS, TaskConfig
+from lpes_nb.tasks import TASKS, EvalSettings, TaskConfig
 
 
 def test_the_plan_shares_the_longest_prefixes():

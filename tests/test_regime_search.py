@@ -9,8 +9,7 @@ import pytest
 from lpes_nb import position_map, regime_search
 from lpes_nb.data import MDQA_RECORDS
 from lpes_nb.ga import GAConfig
-from lpes_nb.position_map import MapModel, PositionMap
-from lpes_nb.regime_search import RegimeSearch
+from lpes_nb.profiles import MapModel, PositionMap, RegimeSearch
 from lpes_nb.tasks import TASKS
 
 TINY_GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1)

@@ -83,8 +83,8 @@ def test_profiles_are_typed_and_checked_when_the_module_loads():
 
 def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
     from lpes_nb.data import Sample
-    from lpes_nb.evaluate import EvalSettings, evaluate_samples
-    from lpes_nb.tasks import TASKS, Task
+    from lpes_nb.evaluate import evaluate_samples
+    from lpes_nb.tasks import TASKS, EvalSettings, Task
 
     def build(cfg, positions, data_dir):
         return [Sample("echo", i, p, cfg.num_items, f"Repeat {i}:", (str(i),)) for p in positions for i in range(cfg.n)]
