@@ -241,7 +241,7 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
                        label=f"{condition.replace('_', '-')} {100 * r['accuracy']:.0f} % (n = {int(r['n'])})")
     ax.errorbar(x, 100 * docs["accuracy"], yerr=100 * np.vstack([docs["accuracy"] - docs["ci_low"], docs["ci_high"] - docs["accuracy"]]),
                 fmt="o-", capsize=3, color="#0072B2", label=f"ours (n = {int(docs['n'].min())} per position)")
-    if papers is not None:
+    if papers is not None:  # empty where the papers report no curve at this layout
         for (label, curve), (marker, colour) in zip(papers.groupby("label", sort=False), (("s", "#D55E00"), ("^", "#CC79A7"))):
             ax.plot(curve["relative_position"], curve["accuracy_percent"], f"{marker}--", color=colour, label=label)
     ax.set_xlabel("relative gold position")

@@ -37,6 +37,7 @@ RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
 VERSION = 1  # bump when the code behind a stored cell changes
 MDQA_TOKENS_PER_DOC = 160  # about, for ordering the cells by cost
+FIXED_CELLS, RECORD_CELLS = "map cells (fixed n)", "record cells"  # the deficit table's sources
 
 
 def _at_positions(cfg: TaskConfig) -> TaskConfig:
@@ -221,9 +222,10 @@ PAPER_ROWS = {
 def paper_curves(task: str, items: int) -> pd.DataFrame:
     """The papers' unmodified-model curves a record cell is read against (:data:`PAPER_ROWS`), as data
     (``data/papers``): one row per curve and relative position, with its ``label`` and the paper's
-    ends − middle gap in points (the middle: the position(s) nearest 0.5)."""
+    ends − middle gap in points (the middle: the position(s) nearest 0.5). No rows where the papers
+    report no curve at this layout (the conclusion then says the cell is not comparable)."""
     if (task, items) not in PAPER_ROWS:
-        raise ValueError(f"no paper curve for {task} with {items} items; the papers' layouts here are {sorted(PAPER_ROWS)}")
+        return pd.DataFrame(columns=["model", "relative_position", "accuracy_percent", "label", "ends_minus_middle"])
     tables = {"lpes": pd.read_csv(PAPERS / "lpes_table1.csv").query("method == 'Baseline'"),
               "caliope": pd.read_csv(PAPERS / "caliope_tables.csv").query("method == 'Identity'")}
     frames = []
@@ -261,6 +263,7 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
              "not comparable: every record answers alike at every position (ceiling or floor)" if ours.startswith("undetermined") else
              f"not reproduced at MDE {100 * gated.loc['correct', 'ends_minus_middle_mde']:.1f} points" if ours.startswith("no deficit")
              else f"not reproduced: the curve is {ours}")
+    papers = paper_curves(cell.task, cell.items)
     what = f"MDQA with {cell.items} documents" if cell.task == "mdqa" else f"KV retrieval with {cell.items} UUID pairs"
     lines = [f"**{cell.model} ({frame['dtype'].iloc[0]}), {what}** (~{tokens:,} tokens, "
              f"{100 * tokens / window:.0f} % of its {window:,}-token window), n = {int(docs['n'].min())} records at each position:",
@@ -271,8 +274,45 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
         f"- {gate_text('correct', 100, 'accuracy (points)')}.",
         f"- {gate_text('gold_logprob', 1, 'gold log-probability (nats)')}.",
     ] + [f"- {label} (no intervals): {' / '.join(f'{a:.1f}' for a in curve['accuracy_percent'])} %, "
-         f"ends − middle {curve['ends_minus_middle'].iloc[0]:+.1f} points." for label, curve in paper_curves(cell.task, cell.items).groupby("label", sort=False)]
-        + [f"- The papers' U on accuracy: **{claim}**."])
+         f"ends − middle {curve['ends_minus_middle'].iloc[0]:+.1f} points." for label, curve in papers.groupby("label", sort=False)]
+        + [f"- The papers' U on accuracy: **{claim}**." if len(papers) else
+           f"- The papers report no curve for {cell.task} with {cell.items} items: **not comparable**."])
+
+
+def map_conclusion(table: pd.DataFrame, deficits: pd.DataFrame, windows: dict[str, int], chosen: dict | None) -> str:
+    """The Markdown reading of the fixed-n map, every number from the tables given (``table``:
+    :func:`summarize`; ``deficits``: :func:`deficit_table`; ``windows``: each model's trained
+    window; ``chosen``: the regime the search ran in, or None): per model how far the map reached, per
+    cell its curve, the paired gate's verdict with its MDE, and the copy control where it explains a
+    primacy."""
+    gated = deficits[(deficits["source"] == FIXED_CELLS) & (deficits["value"] == "correct")].set_index("cell")
+    lines = []
+    for (model, dtype), m in table.groupby(["model", "dtype"], sort=False):
+        longest = int(m["length_tokens"].max())
+        lines.append(f"\n**{model} ({dtype})**: {m.groupby(['task', 'num_items']).ngroups} cells up to ~{longest:,} tokens "
+                     f"({100 * longest / windows[model]:.1f} % of its {windows[model]:,}-token window), "
+                     f"n = {int(m['n'].min())} records per cell and position.")
+        for (task, items), cell in m.groupby(["task", "num_items"], sort=False):
+            cell = cell.sort_values("relative_position")
+            g = gated.loc[f"{model} {dtype} {task}-{items}"]
+            curve = f"- {task}, {items} items (~{int(cell['length_tokens'].iloc[0]):,} tokens): " \
+                    f"{' / '.join(f'{100 * a:.0f}' for a in cell['accuracy'])} % (first → last)"
+            if not np.isfinite(g["ends_minus_middle_mde"]):
+                text = f"{curve}; every record answers alike at the first, middle and last position: **undetermined (ceiling or floor)**"
+            else:
+                p = "< 0.001" if g["p_holm"] < 0.001 else f"= {g['p_holm']:.2g}"
+                shape = "no deficit" if g["verdict"].startswith("no deficit") else g["verdict"]
+                text = (f"{curve}; ends − middle {100 * g['ends_minus_middle']:+.1f} points [{100 * g['ends_minus_middle_ci_low']:+.1f}, "
+                        f"{100 * g['ends_minus_middle_ci_high']:+.1f}], MDE {100 * g['ends_minus_middle_mde']:.1f}, Holm p {p} → **{shape}**")
+            elsewhere = cell.loc[cell["relative_position"] > 0, "copies_first"].mean()
+            if elsewhere >= 0.5:  # most answers hold the first item whatever the gold position
+                text += (f"; {100 * elsewhere:.0f} % of the answers with the gold item elsewhere hold the first item's "
+                         "text: position 0 is copying, not retrieval")
+            lines.append(text + ".")
+    lines.append("\n**The search** " + ("did not run: the paired gate calls no fixed-n cell a U on accuracy."
+                                      if chosen is None else
+                                      f"ran in {chosen['model']} {chosen['task']}-{chosen['num_items']} ({chosen['verdict']})."))
+    return "\n".join(lines).strip()
 
 
 def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:
@@ -295,26 +335,6 @@ def summarize(per_sample: pd.DataFrame) -> pd.DataFrame:
                          "copies_first": group["copies_first"].mean() if "copies_first" in group else np.nan,
                          "copies_last": group["copies_last"].mean() if "copies_last" in group else np.nan,
                          "truncated": group["truncated"].mean(), "rho": rho})
-    return pd.DataFrame(rows)
-
-
-def middle_deficits(table: pd.DataFrame, points: float = 0.10, require_clear: bool = True) -> pd.DataFrame:
-    """Per cell: accuracy at the first, middle and last position and whether the middle is below
-    both ends by at least ``points`` with its interval clear of both ends' intervals (the issue's
-    criterion for a middle deficit worth a search). ``require_clear=False`` drops the interval
-    condition: only for dry runs on random models, which must reach the search without a real deficit."""
-    rows = []
-    keys = ["model", "dtype", "task", "num_items", "length_tokens"]
-    for key, cell in table.groupby(keys, sort=False):
-        cell = cell.set_index("relative_position")
-        if not {0.0, 0.5, 1.0} <= set(cell.index):
-            raise ValueError(f"map cell {dict(zip(keys, key))} has relative positions {sorted(cell.index)}; the middle-deficit "
-                             "criterion needs the first (0), the middle (0.5) and the last (1)")
-        first, middle, last = cell.loc[0.0], cell.loc[0.5], cell.loc[1.0]
-        gap = min(first["accuracy"], last["accuracy"]) - middle["accuracy"]
-        clear = middle["ci_high"] < min(first["ci_low"], last["ci_low"])
-        rows.append({**dict(zip(keys, key)), "first": first["accuracy"], "middle": middle["accuracy"], "last": last["accuracy"],
-                     "middle_deficit": gap, "deficit": bool(gap >= points and (clear or not require_clear)), "rho": middle["rho"]})
     return pd.DataFrame(rows)
 
 
@@ -341,10 +361,10 @@ def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = N
     accuracy, and every record-by-record cell (``record_cells``: name -> rows of
     :func:`record_cell`, positional rows) on accuracy and on the gold log-probability. Holm runs
     over the cells of one score. Written to ``position_deficits.csv``."""
-    tables = [gate(stored_cells(profile)).assign(source="map cells (fixed n)")]
+    tables = [gate(stored_cells(profile)).assign(source=FIXED_CELLS)]
     if record_cells:
         docs = {name: positional_rows(df) for name, df in record_cells.items()}
-        tables += [gate(docs, value).assign(source="record cells") for value in ("correct", "gold_logprob")]
+        tables += [gate(docs, value).assign(source=RECORD_CELLS) for value in ("correct", "gold_logprob")]
     table = pd.concat(tables, ignore_index=True)
     write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
     return table
@@ -401,7 +421,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     spec = named_profile(args.profile).position_map
     table = run_map(spec, args.profile, tuple(args.model) if args.model else None)
-    print(middle_deficits(table).round(3).to_string(index=False))
+    gated = deficit_table(args.profile, run_record_cells(spec, args.profile))
+    print(gated[["cell", "value", "n", "ends_minus_middle", "ends_minus_middle_mde", "p_holm", "verdict"]].round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

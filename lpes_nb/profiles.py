@@ -91,15 +91,14 @@ class RegimeSearch:
     """The search's settings. ``search_n`` / ``test_n``: records per position (begin, middle, end) of
     the search and test sets; MDQA has only :data:`MDQA_RECORDS` real records, so its test set takes
     those before ``mdqa_split`` and its search set those from it on (capped at what there is).
-    ``points`` / ``require_clear``: the map's deficit criterion (``require_clear=False`` only in dry
-    runs on random models, so that they reach the search)."""
+    ``require_u``: search only a cell the paired position gate calls a U on accuracy (``False`` only
+    in dry runs on random models, so that they reach the search)."""
 
     ga: GAConfig
     search_n: int
     test_n: int
     seeds: tuple[int, ...] = (0, 1)
-    points: float = 0.10
-    require_clear: bool = True
+    require_u: bool = True
     transfer: bool = True
     tie_break: float = 1e-3
     mdqa_split: int = 300
@@ -114,8 +113,8 @@ class RegimeSearch:
         if (not self.seeds or len(set(self.seeds)) != len(self.seeds)
                 or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)):
             raise ValueError(f"RegimeSearch.seeds must be distinct integers >= 0, got {self.seeds!r}")
-        if not -1 <= self.points <= 1:
-            raise ValueError(f"RegimeSearch.points must be in [-1, 1] (accuracy points as a fraction), got {self.points!r}")
+        if not isinstance(self.require_u, bool):
+            raise ValueError(f"RegimeSearch.require_u must be True or False, got {self.require_u!r}")
         if not 1 <= self.mdqa_split < MDQA_RECORDS:
             raise ValueError(f"RegimeSearch.mdqa_split must be in [1, {MDQA_RECORDS - 1}], got {self.mdqa_split!r}")
         if self.search_seed == self.test_seed:
@@ -473,7 +472,7 @@ def _gpu_dry(gpu: Profile) -> Profile:
         position_map=PositionMap(models=(MapModel("tiny-llama", "bfloat16", lengths=(96, 192), mdqa_docs=(5,)),
                                          MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=(5,))), n=2, batch_size=4,
                                  record_cells=(RecordCell("tiny-qwen2", "bfloat16", items=5, n=2),)),
-        regime_search=replace(gpu.regime_search, ga=small_ga, search_n=2, test_n=2, points=-1.0, require_clear=False),
+        regime_search=replace(gpu.regime_search, ga=small_ga, search_n=2, test_n=2, require_u=False),
     )
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from .fitness import paired_fitness_difference
 from .models import load_model, load_tokenizer
-from .position_map import middle_deficits
+from .position_map import FIXED_CELLS
 from .profiles import PositionMap, RegimeSearch
 from .results import cached_table, output_dir, write_csv
 from .search import bezier_space, reference_fitness, run_search, scales_samples
@@ -28,11 +28,25 @@ from .tasks import TASKS, TaskConfig
 TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
 
 
-def choose_regime(table: pd.DataFrame, rs: RegimeSearch) -> dict | None:
-    """The map's cell with the largest middle deficit among those that pass the criterion, or None."""
-    d = middle_deficits(table, rs.points, rs.require_clear)
-    d = d[d.deficit]
-    return None if d.empty else d.loc[d.middle_deficit.idxmax()].to_dict()
+def choose_regime(table: pd.DataFrame, deficits: pd.DataFrame, rs: RegimeSearch) -> dict | None:
+    """The map cell to search: among the fixed-n cells of the map ``table`` whose paired gate on
+    accuracy (``deficits``, :func:`lpes_nb.position_map.deficit_table`) calls a U, the one with the
+    largest ends − middle difference; with ``rs.require_u=False`` (dry runs on random models only) the
+    largest difference whatever the verdict. None where no cell qualifies. Returns the cell's middle
+    row of ``table`` with the gate's estimate, interval, MDE, Holm p and verdict beside it."""
+    gated = deficits[(deficits["source"] == FIXED_CELLS) & (deficits["value"] == "correct")]
+    if rs.require_u:
+        gated = gated[gated["verdict"].str.startswith("U")]
+    if gated.empty:
+        return None
+    best = gated.loc[gated["ends_minus_middle"].idxmax()]
+    names = table["model"] + " " + table["dtype"] + " " + table["task"] + "-" + table["num_items"].astype(str)
+    row = table[(names == best["cell"]) & (table["relative_position"] == 0.5)]
+    if row.empty:
+        raise ValueError(f"the gated cell {best['cell']!r} is not in the map table ({sorted(set(names))})")
+    gate_columns = ["ends_minus_middle", "ends_minus_middle_ci_low", "ends_minus_middle_ci_high", "ends_minus_middle_mde",
+                    "p_holm", "verdict"]
+    return {**row.iloc[0].to_dict(), **best[gate_columns].to_dict()}
 
 
 def search_tasks(table: pd.DataFrame, regime: dict, rs: RegimeSearch) -> list[tuple[str, int]]:

@@ -18,6 +18,7 @@ from lpes_nb import (
     methods,
     metrics,
     models,
+    position_gate,
     position_map,
     probes,
     results,
@@ -195,10 +196,9 @@ CASES = {
     "paired on no common record": (lambda f: fitness.paired_fitness_difference(pd.DataFrame(
         [{"method": m, "sample": s, "position": p, "correct": 1} for m, ids in (("a", (0, 1)), ("b", (2, 3)))
          for s in ids for p in (0, 4, 9)]), "a", "b"), r"'a' and 'b' have no record in common .* \{'a': 2, 'b': 2\}"),
-    "map cell without middle": (lambda f: position_map.middle_deficits(pd.DataFrame(
-        [{"model": "m", "dtype": "float32", "task": "kv", "num_items": 10, "length_tokens": 300, "relative_position": r,
-          "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6, "rho": 0.0} for r in (0.0, 1.0)])),
-        r"relative positions \[0.0, 1.0\]; .* needs the first \(0\), the middle \(0.5\) and the last \(1\)"),
+    "map cell without middle": (lambda f: position_gate.gate({"kv-10": pd.DataFrame(
+        [{"record": i, "relative_position": r, "correct": 1.0} for i in range(3) for r in (0.0, 1.0)])}),
+        r"no middle position 0.5 \(positions: \[0.0, 1.0\]\); the gate needs first, middle and last"),
     "caliope past the window": (lambda f: methods.Caliope("moses").specs(models.load_model("tiny-llama"), 64, [[0, 1, 2, 3]]),
                                 r"CALIOPE-Moses \(gap=10000\) .* trained window of 2048 positions"),
 }
