@@ -112,6 +112,11 @@ class LayerScales(Method):
     label: str = "LPES"
     shares_prefix = True
 
+    def __post_init__(self):
+        # plain floats: the repr is part of stored results' keys, and a numpy scalar's repr
+        # (np.float64(1.2)) would change with numpy, not with the method
+        self.scales = [float(s) for s in self.scales]
+
     @property
     def name(self) -> str:
         return self.label

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -36,9 +37,27 @@ class CacheMiss(RuntimeError):
     """A step that would be recomputed in a run that may only read stored results."""
 
 
+NUMPY_REPR = re.compile(r"\bnp\.(?:float|int|uint|bool_)\w*\(")
+
+
 def cache_key(**parts) -> str:
-    """A stable hash of everything that determines a result (model, RoPE config, task, seed, ...)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+    """A stable hash of everything that determines a result (model, RoPE config, task, seed, ...):
+    canonical JSON (sorted keys, numpy scalars and arrays as Python numbers and lists, other objects
+    by their repr), hashed. A numpy repr inside a part (``np.float64(1.2)`` in a method's repr) is
+    refused: it would change with numpy, not with the result, and silently orphan stored results."""
+    text = json.dumps(parts, sort_keys=True, default=_canonical)
+    if NUMPY_REPR.search(text):
+        raise ValueError(f"a cache key holds a numpy repr ({NUMPY_REPR.search(text).group(0)}...): convert the "
+                         f"values to Python numbers where the parameters are built; parts: {text[:200]}")
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _canonical(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
 
 
 def will_compute(step: str, where: Path | str) -> None:
@@ -222,3 +241,34 @@ def _plain(value):
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"cannot store {type(value).__name__} {value!r} as JSON")
+
+
+def migrate_store(directory: Path | str) -> list[tuple[str, str]]:
+    """Re-key stored results whose parameters hold numpy reprs (``np.float64(1.2)`` inside a method's
+    repr, written before :func:`cache_key` refused them): each such parameter string gets plain
+    numbers, and the result's files (``<name>-<key>.csv/.json/.jsonl``) move to the key of the
+    cleaned parameters. Nothing is recomputed; a stored key that the parameters beside it do not
+    reproduce is an error (the store is then not what this function assumes). Returns (old, new) stems."""
+    moved = []
+    for params_path in sorted(Path(directory).glob("*-*.json")):
+        text = params_path.read_text()
+        if not NUMPY_REPR.search(text):
+            continue
+        name, old = params_path.stem.rsplit("-", 1)
+        params = json.loads(text)
+        expected = hashlib.sha256(json.dumps(params, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+        if expected != old:
+            raise ValueError(f"{params_path.name}: its parameters hash to {expected}, not to the key in its name")
+        clean = json.loads(re.sub(r"\bnp\.(?:float|int|uint)\w*\(([^()]*)\)", r"\1", text))
+        new = cache_key(**clean)
+        for old_file in sorted(params_path.parent.glob(f"{name}-{old}.*")):
+            target = old_file.with_name(f"{name}-{new}{old_file.suffix}")
+            if target.exists():
+                raise FileExistsError(f"{target.name} exists already: {old_file.name} would overwrite it")
+            if old_file.suffix == ".json":
+                write_json(target, clean)
+                old_file.unlink()
+            else:
+                old_file.rename(target)
+        moved.append((f"{name}-{old}", f"{name}-{new}"))
+    return moved

@@ -2,12 +2,14 @@
 cached-only run (the published-run check) fails fast, naming the step, instead of recomputing."""
 
 import dataclasses
+import hashlib
 import json
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -125,3 +127,32 @@ def test_stored_router_results_need_no_weights_until_one_is_computed(tiny_llama,
     with again.context(tiny_llama, 8, None):
         pass
     assert again.router is not None and (tmp_path / "r.safetensors").is_file() and method_key(again) == method_key(first)
+
+
+def test_cache_key_is_canonical_and_refuses_numpy_reprs():
+    from lpes_nb.methods import LayerScales
+    from lpes_nb.results import cache_key
+
+    assert cache_key(x=np.int64(3), y=np.float32(0.5), z=np.arange(2)) == cache_key(x=3, y=0.5, z=[0, 1])
+    assert repr(LayerScales(np.array([1.0, 1.25]))) == "LayerScales(scales=[1.0, 1.25], label='LPES')"
+    with pytest.raises(ValueError, match=r"numpy repr \(np\.float64\("):
+        cache_key(method="LayerScales(scales=[np.float64(1.25)], label='LPES')")
+
+
+def test_migrate_store_rekeys_numpy_reprs_without_recomputing(tmp_path):
+    from lpes_nb.results import cache_key, migrate_store
+
+    old_params = {"method": "LayerScales(scales=[np.float64(1.0), np.float64(1.25)], label='LPES')", "n": 3}
+    old = hashlib.sha256(json.dumps(old_params, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+    (tmp_path / f"study_samples-{old}.json").write_text(json.dumps(old_params))
+    (tmp_path / f"study_samples-{old}.csv").write_text("sample,correct\n0,1\n")
+    (tmp_path / "other-0123456789abcdef0123.json").write_text(json.dumps({"n": 1}))  # clean: left alone
+    new = cache_key(method="LayerScales(scales=[1.0, 1.25], label='LPES')", n=3)
+    assert migrate_store(tmp_path) == [(f"study_samples-{old}", f"study_samples-{new}")]
+    assert (tmp_path / f"study_samples-{new}.csv").read_text() == "sample,correct\n0,1\n"  # moved, not recomputed
+    assert json.loads((tmp_path / f"study_samples-{new}.json").read_text())["method"].startswith("LayerScales(scales=[1.0, 1.25]")
+    assert not list(tmp_path.glob(f"*{old}*")) and (tmp_path / "other-0123456789abcdef0123.json").exists()
+    assert migrate_store(tmp_path) == []  # idempotent
+    (tmp_path / "bad-00000000000000000000.json").write_text(json.dumps({"m": "np.float64(1.0)"}))
+    with pytest.raises(ValueError, match="hash to .* not to the key in its name"):
+        migrate_store(tmp_path)
