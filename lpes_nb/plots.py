@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from .results import output_dir
 
@@ -31,13 +31,22 @@ STYLE = {
     "lines.markersize": 5,
     "savefig.bbox": "tight",
     "figure.constrained_layout.use": True,  # colorbars and panel labels never overlap
-    "axes.prop_cycle": matplotlib.cycler(color=["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
-                                                "#56B4E9", "#F0E442", "#000000"]),  # colour-blind safe
 }
+COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]  # colour-blind safe
 
 
 def use_style() -> None:
-    matplotlib.rcParams.update(STYLE)
+    """seaborn's theme (white grid, the colour-blind palette) with the workbook's sizes on top."""
+    sns.set_theme(context="paper", style="whitegrid", palette=COLOURS, rc=STYLE)
+
+
+def intervals(ax, x, y, low, high, label: str | None = None, color: str = COLOURS[0], marker: str = "o", **line):
+    """A line of points with *our* intervals (exact, paired or clustered: computed by the study, never
+    by the plotting library): seaborn draws the line, the whiskers are [low, high]."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    sns.lineplot(x=x, y=y, marker=marker, color=color, label=label, errorbar=None, ax=ax, **line)
+    ax.errorbar(x, y, yerr=np.vstack([y - np.asarray(low, dtype=float), np.asarray(high, dtype=float) - y]),
+                fmt="none", capsize=3, color=color, lw=1)
 
 
 def save(fig, name: str, profile: str) -> None:
@@ -59,8 +68,7 @@ def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str
         x = t["position"] / (t["num_items"] - 1) if relative else t["position"]
         # a small sideways offset per series, so that equal values and their intervals stay apart
         x = x + (k - (len(tables) - 1) / 2) * 0.012 * span
-        yerr = 100 * np.vstack([t["mean"] - t["ci_low"], t["ci_high"] - t["mean"]])
-        ax.errorbar(x, 100 * t["mean"], yerr=yerr, marker="o", capsize=3, label=label)
+        intervals(ax, x, 100 * t["mean"], 100 * t["ci_low"], 100 * t["ci_high"], label=label, color=COLOURS[k % len(COLOURS)])
     ax.set_xlabel("relative gold position (0 = first, 1 = last)" if relative else "gold position (0 = first)")
     ax.set_ylabel("accuracy (%), 95 % CI")
     ax.set_ylim(-3, 103)
@@ -68,6 +76,8 @@ def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str
         ax.set_title(title)
     if len(tables) > 1:
         ax.legend()
+    elif ax.get_legend() is not None:
+        ax.get_legend().remove()
     return ax
 
 
@@ -87,15 +97,14 @@ def scale_curves(curves: Mapping[str, Sequence[float]], ax=None, title: str | No
 
 def heatmap(matrix, ax=None, xlabels=None, ylabels=None, cbar_label: str = "", title: str | None = None, **kw):
     ax = ax or plt.subplots()[1]
-    im = ax.imshow(np.asarray(matrix, dtype=float), aspect="auto", origin="lower", **kw)
-    ax.figure.colorbar(im, ax=ax, label=cbar_label)
-    ax.grid(False)
+    sns.heatmap(np.asarray(matrix, dtype=float), ax=ax, cbar_kws={"label": cbar_label}, **kw)
+    ax.invert_yaxis()  # the first row at the bottom, as the axis labels read
     if xlabels is not None:
         step = max(1, len(xlabels) // 12)
-        ax.set_xticks(range(0, len(xlabels), step), [str(x) for x in xlabels][::step])
+        ax.set_xticks(np.arange(0, len(xlabels), step) + 0.5, [str(x) for x in xlabels][::step], rotation=0)
     if ylabels is not None:
         step = max(1, len(ylabels) // 12)
-        ax.set_yticks(range(0, len(ylabels), step), [str(y) for y in ylabels][::step])
+        ax.set_yticks(np.arange(0, len(ylabels), step) + 0.5, [str(y) for y in ylabels][::step], rotation=0)
     if title:
         ax.set_title(title)
     return ax
@@ -206,17 +215,17 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
         acc = t.pivot_table(index="length_tokens", columns="relative_position", values="accuracy") * 100
         lo = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_low") * 100
         hi = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_high") * 100
-        im = ax.imshow(acc.to_numpy(), aspect="auto", origin="lower", vmin=0, vmax=100, cmap="viridis")
-        ax.grid(False)
-        ax.set_xticks(range(acc.shape[1]), [f"{c:g}" for c in acc.columns])
-        ax.set_yticks(range(acc.shape[0]), [str(i) for i in acc.index])
-        for (i, j), v in np.ndenumerate(acc.to_numpy()):
-            ax.text(j, i, f"{v:.0f}\n[{lo.iat[i, j]:.0f}–{hi.iat[i, j]:.0f}]", ha="center", va="center", fontsize=6.5,
-                    color="white" if v < 55 else "black")
+        labels = acc.round().astype(int).astype(str) + "\n[" + lo.round().astype(int).astype(str) + "–" \
+            + hi.round().astype(int).astype(str) + "]"
+        sns.heatmap(acc, ax=ax, vmin=0, vmax=100, cmap="viridis", cbar=False, annot=labels, fmt="",
+                    annot_kws={"fontsize": 6.5}, xticklabels=[f"{c:g}" for c in acc.columns], yticklabels=list(acc.index))
+        ax.invert_yaxis()  # longer prompts higher up
+        ax.tick_params(axis="y", rotation=0)
+        mesh = ax.collections[0]  # one colour scale (0-100 %) for every panel
         ax.set_title(f"{model} ({dtype})\n{task}", fontsize=9)
         ax.set_xlabel("gold position (0 = first, 1 = last)")
         ax.set_ylabel("prompt tokens")
-    fig.colorbar(im, ax=axes, label="accuracy (%)", shrink=0.8)
+    fig.colorbar(mesh, ax=axes, label="accuracy (%)", shrink=0.8)
     fig.suptitle(title)
     return fig
 
@@ -239,8 +248,8 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
             ax.axhspan(100 * r["ci_low"], 100 * r["ci_high"], color=colour, alpha=0.18, lw=0)
             ax.axhline(100 * r["accuracy"], color=colour, ls=":", lw=1.2,
                        label=f"{condition.replace('_', '-')} {100 * r['accuracy']:.0f} % (n = {int(r['n'])})")
-    ax.errorbar(x, 100 * docs["accuracy"], yerr=100 * np.vstack([docs["accuracy"] - docs["ci_low"], docs["ci_high"] - docs["accuracy"]]),
-                fmt="o-", capsize=3, color="#0072B2", label=f"ours (n = {int(docs['n'].min())} per position)")
+    intervals(ax, x, 100 * docs["accuracy"], 100 * docs["ci_low"], 100 * docs["ci_high"],
+              label=f"ours (n = {int(docs['n'].min())} per position)")
     if papers is not None:  # empty where the papers report no curve at this layout
         for (label, curve), (marker, colour) in zip(papers.groupby("label", sort=False), (("s", "#D55E00"), ("^", "#CC79A7"))):
             ax.plot(curve["relative_position"], curve["accuracy_percent"], f"{marker}--", color=colour, label=label)
@@ -251,9 +260,7 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
         scale = 100 if unit.startswith("accuracy") else 1
         a.axhline(0, color="k", lw=0.8)
-        a.errorbar(d["relative_position"], scale * d["difference"],
-                   yerr=scale * np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
-                   fmt="o-", capsize=3, color="#0072B2")
+        intervals(a, d["relative_position"], scale * d["difference"], scale * d["ci_low"], scale * d["ci_high"])
         a.set_xlabel("relative gold position")
         a.set_ylabel(f"Δ to the ends' mean ({unit})")
     axes[1].set_title("paired, per record")
