@@ -253,6 +253,8 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
 
     def gate_text(value: str, unit: float, name: str) -> str:
         r = gated.loc[value]
+        if not np.isfinite(r["ends_minus_middle_mde"]):
+            return f"{name}: every record has the same difference at the first, middle and last position → **{r['verdict']}**"
         return (f"{name}: ends − middle {unit * r['ends_minus_middle']:+.2f} [{unit * r['ends_minus_middle_ci_low']:+.2f}, "
                 f"{unit * r['ends_minus_middle_ci_high']:+.2f}], MDE {unit * r['ends_minus_middle_mde']:.2f}, "
                 f"first − last {unit * r['first_minus_last']:+.2f} [{unit * r['first_minus_last_ci_low']:+.2f}, "

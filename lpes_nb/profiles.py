@@ -327,7 +327,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                            ranges=((1.0, 2.0, 0.1), (1.0, 1.3, 0.05)), agreement_n=2, bench_n=2),
         position_map=PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96, 192), mdqa_docs=(5,)),
                                          MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=())), n=2,
-                                 record_cells=(RecordCell("tiny-llama", "float32", items=5, n=2),)),
+                                 # KV on the original 75-pair file needs a 16k window: the paper-dry model's
+                                 record_cells=(RecordCell("tiny-llama", "float32", items=5, n=2),
+                                               RecordCell("paper-dry-llama", "float32", items=75, n=2, task="kv"))),
         regime_search=RegimeSearch(GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), search_n=2, test_n=3),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
@@ -456,8 +458,11 @@ PROFILES["gpu"] = replace(
                                      MapModel("qwen2.5-coder-0.5b", "bfloat16",
                                               lengths=(512, 1024, 2048, 4096, 8192, 16384, 20480, 24576, 28672), mdqa_docs=(10, 20))),
                              n=100, batch_size=16,
-                             # the LPES Qwen setting at the paper's record count (all 441 real 20-document records)
-                             record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=441),)),
+                             # the papers' settings at their record counts (all 441 MDQA records; 500 KV)
+                             record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=441),
+                                           RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=10, n=441),
+                                           RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=500, task="kv"),
+                                           RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=500, task="kv"))),
     regime_search=RegimeSearch(GAConfig(), search_n=200, test_n=500),
 )
 
