@@ -89,3 +89,37 @@ def deviation_summary(per_input: pd.DataFrame, n_boot: int = 4000, seed: int = 0
         rows.append({"variant": name, "inputs": len(per), "seeds": g.seed.nunique(), "mean": per.mean(),
                      "ci_low": np.quantile(boot, 0.025), "ci_high": np.quantile(boot, 0.975)})
     return pd.DataFrame(rows)
+
+
+def paired_against(per_input: pd.DataFrame, reference: str = "Bézier", n_boot: int = 4000, seed: int = 0) -> pd.DataFrame:
+    """Each other variant against ``reference`` on the same inputs (each input's mean over seeds):
+    on how many inputs the reference deviates less, the median of the per-input ratio reference /
+    variant, and that ratio's 95 % bootstrap interval (whole inputs drawn)."""
+    per = per_input.groupby(["variant", "input"]).deviation.mean().unstack("variant")
+    if reference not in per:
+        raise ValueError(f"no variant {reference!r} among {list(per.columns)}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name in [v for v in dict.fromkeys(per_input["variant"]) if v != reference]:
+        ratio = (per[reference] / per[name]).to_numpy()
+        boot = np.median(ratio[rng.integers(0, len(ratio), size=(n_boot, len(ratio)))], axis=1)
+        rows.append({"variant": name, "inputs": len(ratio), "reference_lower": int((ratio < 1).sum()),
+                     "median_ratio": float(np.median(ratio)), "ci_low": float(np.quantile(boot, 0.025)),
+                     "ci_high": float(np.quantile(boot, 0.975))})
+    return pd.DataFrame(rows)
+
+
+def conclusion(summary: pd.DataFrame, paired: pd.DataFrame, reference: str = "Bézier") -> str:
+    """Notebook 4's reading, every number from its tables (:func:`deviation_summary`,
+    :func:`paired_against`): the mean deviation per variant with its interval, and each variant
+    paired against the smooth curve, with the verdict each ratio's interval supports."""
+    s = summary.set_index("variant")
+    lines = [f"Mean structure deviation D (Eq. 13) over {int(s['inputs'].min())} inputs, 95 % intervals over inputs:"]
+    lines += [f"- {v}: {r['mean']:,.0f} [{r['ci_low']:,.0f}, {r['ci_high']:,.0f}]" for v, r in s.sort_values("mean").iterrows()]
+    lines.append(f"\nPaired on the same inputs, {reference} against each variant (ratio {reference} / variant per input):")
+    for _, r in paired.iterrows():
+        verdict = (f"{reference} deviates less" if r["ci_high"] < 1 else f"{reference} deviates more" if r["ci_low"] > 1
+                   else "no difference resolved")
+        lines.append(f"- {r['variant']}: lower on {r['reference_lower']} of {r['inputs']} inputs, median ratio "
+                     f"{r['median_ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] → **{verdict}**")
+    return "\n".join(lines)

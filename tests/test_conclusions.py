@@ -1,0 +1,53 @@
+"""Conclusions printed from stored tables: the numbers and the verdicts follow the tables given."""
+
+import numpy as np
+import pandas as pd
+
+from lpes_nb import calibration, position_map, representations
+from lpes_nb.position_gate import gate
+
+
+def _positions(accs, lows, highs, n=30):
+    return pd.DataFrame({"task": "kv", "num_items": 10, "position": [0, 4, 9], "n": n, "mean": accs, "ci_low": lows,
+                         "ci_high": highs, "prompt_tokens": 160.0, "rho": 40.0})
+
+
+def test_calibration_shape_reads_only_non_overlapping_intervals():
+    assert calibration.shape(_positions([0.9, 0.1, 0.8], [0.75, 0.03, 0.6], [0.97, 0.26, 0.9])) == "U"
+    assert calibration.shape(_positions([0.9, 0.1, 0.13], [0.75, 0.03, 0.05], [0.97, 0.26, 0.3])) == "primacy"
+    assert calibration.shape(_positions([0.05, 0.05, 0.25], [0.01, 0.01, 0.11], [0.24, 0.24, 0.47])) == "no clear position effect"
+    assert calibration.shape(_positions([0.05, 0.05, 0.6], [0.01, 0.01, 0.42], [0.2, 0.2, 0.75])) == "recency"
+    text = calibration.conclusion(_positions([0.9, 0.1, 0.13], [0.75, 0.03, 0.05], [0.97, 0.26, 0.3]),
+                                  _positions([0.05, 0.05, 0.25], [0.01, 0.01, 0.11], [0.24, 0.24, 0.47]).assign(task="mdqa"),
+                                  chosen_pairs=10, window=8192)
+    assert "90 [75, 97] / 10 [3, 26] / 13 [5, 30] % → **primacy**" in text and "search and test size" in text
+    assert "**no clear position effect**" in text and "2 % of the 8,192-token window" in text
+
+
+def test_structure_pairing_counts_inputs_and_reads_the_ratio_interval():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(900, 1300, 30)
+    rows = [{"variant": v, "seed": -1, "input": i, "deviation": d} for v, ds in
+            (("Bézier", base), ("shuffled", base / 0.6), ("noisy Bézier", base * rng.uniform(0.95, 1.05, 30)))
+            for i, d in enumerate(ds)]
+    paired = representations.paired_against(pd.DataFrame(rows)).set_index("variant")
+    assert paired.loc["shuffled", "reference_lower"] == 30 and abs(paired.loc["shuffled", "median_ratio"] - 0.6) < 1e-9
+    text = representations.conclusion(representations.deviation_summary(pd.DataFrame(rows)), paired.reset_index())
+    assert "shuffled: lower on 30 of 30 inputs, median ratio 0.60 [0.60, 0.60] → **Bézier deviates less**" in text
+    assert "noisy Bézier" in text and "**no difference resolved**" in text
+
+
+def test_map_conclusion_names_the_gate_verdict_and_the_copying():
+    rows = []
+    for i in range(30):
+        for r, acc in zip(position_map.RELATIVE_POSITIONS, [0.9, 0.05, 0.05, 0.05, 0.05]):
+            rows.append({"model": "m", "dtype": "float32", "task": "kv", "num_items": 17, "position": round(r * 16),
+                         "sample": i, "prompt_tokens": 250, "correct": float(i < round(acc * 30)), "truncated": False,
+                         "copies_first": 0.8 if r > 0 else 1.0, "copies_last": 0.0})
+    per_sample = pd.DataFrame(rows)
+    table = position_map.summarize(per_sample)
+    gated = gate({"m float32 kv-17": position_map.with_nominal_positions(per_sample)}).assign(source=position_map.FIXED_CELLS)
+    text = position_map.map_conclusion(table, gated, {"m": 8192}, None)
+    assert "kv, 17 items (~250 tokens): 90 / 7 / 7 / 7 / 7 %" in text and "**primacy**" in text
+    assert "80 % of the answers with the gold item elsewhere hold the first item's text" in text
+    assert "did not run" in text
