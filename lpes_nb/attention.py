@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -154,3 +155,40 @@ def rope_removal_cosine(model, ids: torch.Tensor, depths: Sequence[int], first: 
             rows.append({"removed_layers": k, "layer": layer, "first_tokens": float(cos[:first].mean()),
                          "later_tokens": float(cos[first:].mean())})
     return pd.DataFrame(rows)
+
+
+
+def conclusion(entropy: pd.DataFrame, by_scale: pd.DataFrame, removal: pd.DataFrame, ranges: pd.DataFrame) -> str:
+    """Notebook 3's reading, every number from its four tables (:func:`entropy_vs_length`,
+    :func:`attention_by_scale`, :func:`rope_removal_cosine`, the layer-block accuracies). Each study
+    ran on one text window, so its numbers carry no interval: they describe that window."""
+    mean = entropy.groupby(["length", "scale"]).entropy.mean().unstack()
+    base, stretched = mean[1.0], mean[mean.columns.max()]
+    slope = np.polyfit(np.log2(mean.index.to_numpy(float)), base.to_numpy(), 1)[0]
+    scales = by_scale.groupby("scale")[["middle_mass", "cosine"]].mean()
+    top = scales.index.max()
+    rise = by_scale.pivot(index="layer", columns="scale", values="middle_mass")
+    rise = (rise[top] - rise[1.0]).sort_values(ascending=False)
+    lines = [
+        f"- **(a) Entropy and length.** The last token's entropy, mean over layers and heads, goes from "
+        f"{base.iloc[0]:.2f} nats at {mean.index[0]:,} tokens to {base.iloc[-1]:.2f} at {mean.index[-1]:,}: "
+        f"{slope:.2f} nats per doubling (uniform attention: {np.log(2):.2f}). Scale {mean.columns.max():g} raises it at every "
+        f"length by {(stretched - base).min():+.2f} to {(stretched - base).max():+.2f} nats.",
+        f"- **(b) Scale and the middle.** The attention mass on the middle third goes from {scales.loc[1.0, 'middle_mass']:.3f} "
+        f"at s = 1 to {scales.loc[top, 'middle_mass']:.3f} at s = {top:g} (mean over layers); the largest rise is in layer "
+        f"{rise.index[0]} ({rise.iloc[0]:+.3f}). The cosine of the middle's mean state with the last token goes from "
+        f"{scales.loc[1.0, 'cosine']:.2f} to {scales.loc[top, 'cosine']:.2f}.",
+        "- **(c) RoPE removed in the first k layers**, cosine of the states with the unmodified model's (mean over layers):",
+        "",
+        "  | k | first tokens | later tokens |",
+        "  |---|---|---|",
+    ]
+    cos = removal.groupby("removed_layers")[["first_tokens", "later_tokens"]].mean()
+    lines += [f"  | {k} | {r['first_tokens']:.3f} | {r['later_tokens']:.3f} |" for k, r in cos.iterrows()]
+    grid = ranges.pivot(index="method", columns="position", values="mean")
+    n = int(ranges["n"].min())
+    blocks = [m for m in dict.fromkeys(ranges["method"]) if m != "none"]
+    lines += ["", f"- **(d) One block of layers scaled** (KV, n = {n} per position; first / middle / last accuracy, "
+              f"none scaled: {' / '.join(f'{100 * v:.0f}' for v in grid.loc['none'])} %):"]
+    lines += [f"  - {m}: {' / '.join(f'{100 * v:.0f}' for v in grid.loc[m])} %" for m in blocks]
+    return "\n".join(lines)

@@ -51,3 +51,19 @@ def test_map_conclusion_names_the_gate_verdict_and_the_copying():
     assert "kv, 17 items (~250 tokens): 90 / 7 / 7 / 7 / 7 %" in text and "**primacy**" in text
     assert "80 % of the answers with the gold item elsewhere hold the first item's text" in text
     assert "did not run" in text
+
+
+def test_attention_conclusion_reads_its_four_tables():
+    from lpes_nb import attention
+
+    entropy = pd.DataFrame([{"layer": l, "length": t, "scale": s, "entropy": np.log2(t) * 0.5 + (0.2 if s == 2.0 else 0.0) + l * 0.0,
+                             "middle_mass": 0.1} for t in (256, 512, 1024) for s in (1.0, 2.0) for l in range(2)])
+    by_scale = pd.DataFrame([{"layer": l, "scale": s, "entropy": 3.0, "middle_mass": 0.1 + (0.05 * l if s == 3.0 else 0.0),
+                              "cosine": 0.7 + (0.04 if s == 3.0 else 0.0)} for l in range(3) for s in (1.0, 3.0)])
+    removal = pd.DataFrame([{"removed_layers": k, "layer": l, "first_tokens": 0.9, "later_tokens": 0.8} for k in (1, 2) for l in range(3)])
+    ranges = pd.DataFrame([{"method": m, "position": p, "n": 10, "mean": v} for m, vals in
+                           (("none", (0.9, 0.0, 0.0)), ("layers 0-1", (0.4, 0.1, 0.0))) for p, v in zip((0, 4, 9), vals)])
+    text = attention.conclusion(entropy, by_scale, removal, ranges)
+    assert f"{0.5 * np.log2(256):.2f} nats at 256 tokens" in text and "0.50 nats per doubling (uniform attention: 0.69)" in text
+    assert "+0.20 to +0.20 nats" in text and "largest rise is in layer 2 (+0.100)" in text and "from 0.70 to 0.74" in text
+    assert "| 2 | 0.900 | 0.800 |" in text and "none scaled: 90 / 0 / 0 %" in text and "layers 0-1: 40 / 10 / 0 %" in text
