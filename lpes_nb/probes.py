@@ -214,3 +214,51 @@ def masking_summary(masked: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
         columns={"change_pct": "mask_vs_noise_pct", "ci_low": "mask_vs_noise_low", "ci_high": "mask_vs_noise_high"})
     return (relative_change(layers, base).merge(relative_change(noise, base), on=["layer", "windows"], suffixes=("_mask", "_noise"))
             .merge(vs_noise, on=["layer", "windows"]))
+
+
+def conclusion(probe: pd.DataFrame, coarsening: pd.DataFrame, recall: pd.DataFrame, window: int, top: int = 3) -> str:
+    """Notebook 2's reading, every number from its tables (:func:`masking_summary`, the coarsening
+    changes of :func:`relative_change` by layer and k, the recall accuracies by layer and position):
+    which layers masking hurts most and least, where it hurts more or less than same-norm noise
+    (intervals over windows clear of zero), what coarsening by the smallest k costs, and how
+    single-layer masks move retrieval at each gold position."""
+    def pct(r, column, low, high):
+        return f"{r[column]:+.1f} % [{r[low]:+.1f}, {r[high]:+.1f}]"
+
+    ranked = probe.sort_values("change_pct_mask", ascending=False)
+    windows = int(probe["windows"].min())
+    above = probe[probe["mask_vs_noise_low"] > 0].sort_values("mask_vs_noise_pct", ascending=False)
+    below = probe[probe["mask_vs_noise_high"] < 0].sort_values("mask_vs_noise_pct")
+    k = coarsening["k"].min()
+    smallest = coarsening[coarsening["k"] == k].sort_values("change_pct", ascending=False)
+    worst_by_k = coarsening.sort_values("change_pct", ascending=False).groupby("k").head(1).sort_values("k")
+    base = recall[recall["layer"] == -1].set_index("position")["mean"]
+    masked = recall[recall["layer"] >= 0].pivot(index="layer", columns="position", values="mean")
+    first, others = masked.columns[0], masked.columns[1:]
+    n = int(recall["n"].min())
+    lines = [
+        f"{windows} windows of {window} tokens, each probed separately: a change is the geometric mean over windows "
+        f"with a 95 % t interval over the windows; retrieval n = {n} records per position, Wilson intervals.",
+        f"- **Masking RoPE in one layer** changes perplexity by {probe['change_pct_mask'].min():+.1f} to "
+        f"{probe['change_pct_mask'].max():+.1f} %: most in "
+        + ", ".join(f"layer {int(r['layer'])} ({pct(r, 'change_pct_mask', 'ci_low_mask', 'ci_high_mask')})" for _, r in ranked.head(top).iterrows())
+        + "; least in "
+        + ", ".join(f"layer {int(r['layer'])} ({pct(r, 'change_pct_mask', 'ci_low_mask', 'ci_high_mask')})" for _, r in ranked.tail(top).iterrows())
+        + ".",
+        f"- **Against the same-norm noise control** (paired per window): masking hurts more than noise of its own size in "
+        f"{len(above)} layer{'s' * (len(above) != 1)} — "
+        + (", ".join(f"{int(r['layer'])} ({pct(r, 'mask_vs_noise_pct', 'mask_vs_noise_low', 'mask_vs_noise_high')})"
+                     for _, r in above.iterrows()) or "none")
+        + f"; less than noise in {len(below)} — "
+        + (", ".join(f"{int(r['layer'])} ({pct(r, 'mask_vs_noise_pct', 'mask_vs_noise_low', 'mask_vs_noise_high')})"
+                     for _, r in below.iterrows()) or "none") + ".",
+        f"- **Coarsening ⌊p/k⌋** at k = {k} costs at most {smallest['change_pct'].iloc[0]:+.1f} % (layer "
+        f"{int(smallest['layer'].iloc[0])}); the most damaged layer per k: "
+        + ", ".join(f"k = {int(r['k'])}: layer {int(r['layer'])} ({r['change_pct']:+.1f} %)" for _, r in worst_by_k.iterrows()) + ".",
+        f"- **Retrieval with one layer masked** (unpatched: {' / '.join(f'{100 * base[p]:.0f}' for p in masked.columns)} % "
+        f"at gold {' / '.join(str(p) for p in masked.columns)}): first-position accuracy ranges "
+        f"{100 * masked[first].min():.0f}–{100 * masked[first].max():.0f} % over the layers (lowest with layers "
+        f"{', '.join(str(l) for l in masked.index[masked[first] == masked[first].min()])}); no single-layer mask lifts "
+        + " or ".join(f"gold {p} above {100 * masked[p].max():.0f} %" for p in others) + ".",
+    ]
+    return "\n".join(lines)

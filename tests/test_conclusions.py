@@ -67,3 +67,20 @@ def test_attention_conclusion_reads_its_four_tables():
     assert f"{0.5 * np.log2(256):.2f} nats at 256 tokens" in text and "0.50 nats per doubling (uniform attention: 0.69)" in text
     assert "+0.20 to +0.20 nats" in text and "largest rise is in layer 2 (+0.100)" in text and "from 0.70 to 0.74" in text
     assert "| 2 | 0.900 | 0.800 |" in text and "none scaled: 90 / 0 / 0 %" in text and "layers 0-1: 40 / 10 / 0 %" in text
+
+
+def test_probe_conclusion_ranks_layers_and_names_the_noise_control():
+    from lpes_nb import probes
+
+    probe = pd.DataFrame([{"layer": l, "windows": 8, "change_pct_mask": m, "ci_low_mask": m - 1, "ci_high_mask": m + 1,
+                           "mask_vs_noise_pct": v, "mask_vs_noise_low": v - 1, "mask_vs_noise_high": v + 1}
+                          for l, m, v in ((0, 4.0, -3.0), (1, 26.0, 7.0), (2, 2.0, 0.5), (3, 12.0, 0.0))])
+    coarsening = pd.DataFrame([{"layer": l, "k": k, "change_pct": c} for l, k, c in
+                               ((0, 2, 1.0), (1, 2, 9.0), (1, 64, 20.0), (3, 64, 22.0))])
+    recall = pd.DataFrame([{"layer": l, "position": p, "n": 30, "mean": v} for l, vals in
+                           ((-1, (0.9, 0.1, 0.0)), (0, (0.0, 0.1, 0.0)), (1, (0.95, 0.2, 0.05))) for p, v in zip((0, 4, 9), vals)])
+    text = probes.conclusion(probe, coarsening, recall, window=512, top=2)
+    assert "most in layer 1 (+26.0 % [+25.0, +27.0]), layer 3" in text and "least in layer 0" in text and "layer 2 (+2.0 %" in text
+    assert "more than noise of its own size in 1 layer — 1 (+7.0 %" in text and "less than noise in 1 — 0 (-3.0 %" in text
+    assert "at k = 2 costs at most +9.0 % (layer 1)" in text and "k = 64: layer 3 (+22.0 %)" in text
+    assert "unpatched: 90 / 10 / 0 %" in text and "ranges 0–95 %" in text and "gold 4 above 20 % or gold 9 above 5 %" in text
