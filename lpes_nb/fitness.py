@@ -158,3 +158,12 @@ class PositionFitness:
                 fit += self.tie_break * float(df["gold_logprob"].mean())
             out.append(fit)
         return np.array(out)
+
+
+def difference_text(row) -> str:
+    """One paired comparison (a row of :func:`paired_differences`) as Markdown: the difference with its
+    record-clustered interval, the minimum detectable effect and the verdict the interval supports."""
+    verdict = ("better" if row["ci_low"] > 0 else "worse" if row["ci_high"] < 0
+               else f"no effect of ≥ {row['mde_80']:.2f} resolved")
+    return (f"{row['method']} vs {row['reference']}: Δλ {row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], "
+            f"MDE {row['mde_80']:.2f}, {int(row['records'])} records → **{verdict}**")

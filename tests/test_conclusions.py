@@ -84,3 +84,12 @@ def test_probe_conclusion_ranks_layers_and_names_the_noise_control():
     assert "more than noise of its own size in 1 layer — 1 (+7.0 %" in text and "less than noise in 1 — 0 (-3.0 %" in text
     assert "at k = 2 costs at most +9.0 % (layer 1)" in text and "k = 64: layer 3 (+22.0 %)" in text
     assert "unpatched: 90 / 10 / 0 %" in text and "ranges 0–95 %" in text and "gold 4 above 20 % or gold 9 above 5 %" in text
+
+
+def test_difference_text_states_the_verdict_its_interval_supports():
+    from lpes_nb.fitness import difference_text
+
+    row = {"method": "LPES", "reference": "PI", "difference": 0.04, "ci_low": 0.01, "ci_high": 0.07, "mde_80": 0.03, "records": 320}
+    assert difference_text(row) == "LPES vs PI: Δλ +0.040 [+0.010, +0.070], MDE 0.03, 320 records → **better**"
+    assert difference_text({**row, "difference": -0.04, "ci_low": -0.07, "ci_high": -0.01}).endswith("**worse**")
+    assert difference_text({**row, "ci_low": -0.01}).endswith("**no effect of ≥ 0.03 resolved**")
