@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,7 +19,7 @@ from .bezier import Y_RANGE
 from .data import Sample
 from .distributed import FitnessSpec, distributed_fitness
 from .evaluate import evaluate_samples
-from .fitness import LAMBDAS, PositionFitness, fitness_se, position_tables, weighted_fitness
+from .fitness import LAMBDAS, PositionFitness, difference_text, fitness_se, position_tables, weighted_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec, scale_specs
@@ -175,3 +177,56 @@ def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, t
 def search_key(**parts) -> str:
     """A short name suffix for a search configuration (for file names of ablation runs)."""
     return cache_key(**{k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in parts.items()})
+
+
+def _short(setting) -> str:
+    return re.sub(r"(\d\.\d\d)\d+", r"\1", str(setting))  # (0.3333333333333333, ...) as (0.33, ...)
+
+
+def search_forwards(ga: GAConfig, task: TaskConfig) -> int:
+    """Prompt-forwards of one search at most: population × (generations + 1) × search prompts."""
+    return ga.population * (ga.generations + 1) * task.n * len(task.gold_positions())
+
+
+def conclusion(test_table: pd.DataFrame, diffs: pd.DataFrame, reference: pd.DataFrame, lpes: GAResult, brute: GAResult,
+               gradient: pd.DataFrame, ablations: pd.DataFrame, ga: GAConfig, task: TaskConfig, paper_ga: GAConfig,
+               paper_task: TaskConfig) -> str:
+    """Notebook 5's reading, every number from its results: the test set's accuracies and paired
+    differences with their MDE, the search against the unmodified model's search-set fitness, the
+    per-layer GA's smoothness, the gradient search, the ablations and the search budget against the
+    paper profile's."""
+    test_table = pd.concat([test_table, gradient[["method", "position", "n", "mean", "fitness"]]], ignore_index=True)
+    acc = test_table.pivot(index="method", columns="position", values="mean")
+    fit = test_table.groupby("method").fitness.first()
+    n = int(test_table["n"].min())
+    methods = list(dict.fromkeys(test_table["method"]))
+    lines = [f"**The test set** (n = {n} records per position; first / middle / last accuracy, λ-score):", "",
+             "| method | first | middle | last | λ-score |", "|---|---|---|---|---|"]
+    lines += [f"| {m} | " + " | ".join(f"{100 * v:.0f} %" for v in acc.loc[m]) + f" | {fit[m]:.3f} |" for m in methods]
+    lines += ["", "Paired on the same records (record-clustered 95 % intervals, MDE at 80 % power):"]
+    lines += [f"- {difference_text(r)}" for _, r in diffs.iterrows()]
+    ref, se = float(reference["fitness"].iloc[0]), float(reference["se"].iloc[0])
+    search_prompts = task.n * len(task.gold_positions())
+    first_best, best = float(lpes.summary["best"].iloc[0]), float(lpes.summary["best"].iloc[-1])
+    scales = np.asarray(lpes.best_scales)
+    lines += ["", f"**The search.** The unmodified model scores {ref:.3f} ± {se:.3f} (SE) on the search set ({search_prompts} "
+              f"prompts); the Bézier GA's best goes from {first_best:.3f} in the first generation to {best:.3f} after "
+              f"{len(lpes.summary) - 1} generations ({lpes.evaluations} evaluations), {(best - ref) / se:+.1f} SE from the "
+              f"unmodified model. Its control points {[[round(x, 2), round(y, 2)] for x, y in lpes.control_points]} give "
+              f"scales {scales.min():.2f}–{scales.max():.2f}."]
+    s = brute.summary["smoothness_mean"]
+    new = brute.history.drop_duplicates("genome").groupby("generation").smoothness.mean()
+    lines.append(f"\n**The per-layer GA** reaches {brute.best_fitness:.3f} on the search set with {brute.evaluations} evaluations; "
+                 f"its population's smoothness S goes {s.iloc[0]:.2f} → {s.iloc[-1]:.2f}, that of the individuals new in "
+                 f"each generation {new.iloc[0]:.2f} → {new.iloc[-1]:.2f}.")
+    g = [float(v) for v in json.loads(gradient["scales"].iloc[0])]
+    lines.append(f"\n**The gradient search**: answer loss {gradient['loss_first'].iloc[0]:.2f} → {gradient['loss_last'].iloc[0]:.2f} "
+                 f"(mean of the first / last five steps), scales {min(g):.2f}–{max(g):.2f}.")
+    lines.append(f"\n**The ablations** (one short GA run each; the best scales on the first test records), search fitness → "
+                 f"test λ-score: " + "; ".join(f"{r['ablation']} {_short(r['setting'])}: {r['search_fitness']:.3f} → {r['test_fitness']:.3f}"
+                                               for _, r in ablations.iterrows()) + ".")
+    here, paper = search_forwards(ga, task), search_forwards(paper_ga, paper_task)
+    lines.append(f"\n**Budget.** Prompt-forwards of a search, population × (generations + 1) × search prompts: "
+                 f"{ga.population} × {ga.generations + 1} × {search_prompts} = {here:,} here, {paper:,} in the `paper` "
+                 f"profile (1/{paper / here:.0f}).")
+    return "\n".join(lines)

@@ -93,3 +93,12 @@ def test_difference_text_states_the_verdict_its_interval_supports():
     assert difference_text(row) == "LPES vs PI: Δλ +0.040 [+0.010, +0.070], MDE 0.03, 320 records → **better**"
     assert difference_text({**row, "difference": -0.04, "ci_low": -0.07, "ci_high": -0.01}).endswith("**worse**")
     assert difference_text({**row, "ci_low": -0.01}).endswith("**no effect of ≥ 0.03 resolved**")
+
+
+def test_search_budget_counts_prompt_forwards():
+    from lpes_nb.ga import GAConfig
+    from lpes_nb.search import search_forwards
+    from lpes_nb.tasks import TaskConfig
+
+    assert search_forwards(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
+                           TaskConfig("kv", 10, n=8)) == 16 * 7 * 24

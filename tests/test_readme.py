@@ -102,7 +102,7 @@ def test_the_wrong_regime_premise_is_gone():
 # Notebooks whose conclusions are still typed by hand (issue: one home per study); the scan below is a
 # ratchet: a notebook leaves this set when its Markdown holds no measured number, and the test fails
 # until it is removed here, so a cleaned notebook cannot regress unnoticed.
-TYPED_BY_HAND = {"05_search", "06_benchmarks"}
+TYPED_BY_HAND = {"06_benchmarks"}
 MEASURED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s*%|(?<![\w.])[−+-]?\d+(?:[.,]\d+)*\.\d+(?![\w.])")
 # a confidence level, a power, or a reference into a paper: not measurements
 SETTINGS = re.compile(r"\b(?:95|80)\s*%|\b(?:Sec|Eq|Fig|App|Table|Section)s?\.?\s*[A-Z]?\d+(?:\.\d+)*")
