@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import evaluate_samples, record_groups, token_segments
+from .fitness import difference_text
 from .methods import (
     CALIOPE_KINDS,
     LASP,
@@ -235,3 +236,36 @@ def extrapolation_table(ppl: pd.DataFrame) -> pd.DataFrame:
     """Mean tail perplexity, one row per variant (in EXTRAPOLATION_VARIANTS order), one column per length."""
     table = ppl.groupby(["length", "variant"], sort=False).ppl.mean().unstack("length")
     return table.loc[[v for v in EXTRAPOLATION_VARIANTS if v in table.index]]
+
+
+def conclusion(acc: pd.DataFrame, diffs: pd.DataFrame, chosen: Sequence[str], router_loss: Sequence[float],
+               latency: pd.DataFrame, extrapolation: pd.DataFrame, window: int, timed_on: str) -> str:
+    """Notebook 6's reading, every number from its tables: per task the unmodified model and every
+    method's paired difference to the baseline and to PI with its MDE and verdict, the methods left
+    out (named), the MoICE router's training, the latency ratios with their interquartile ranges and
+    the extrapolation perplexities (one window per length: no interval)."""
+    lines = []
+    for task, t in acc.groupby("task", sort=False):
+        base = t[t.method == "baseline"].sort_values("position")
+        d = diffs[diffs.task == task]
+        lines.append(f"**{task}** (n = {int(t['n'].min())} records per position): unmodified "
+                     f"{' / '.join(f'{100 * v:.0f}' for v in base['mean'])} % (λ {base['fitness'].iloc[0]:.3f}); "
+                     f"the paired MDE is {d['mde_80'].min():.2f}–{d['mde_80'].max():.2f} λ.")
+        lines += [f"- {difference_text(r)}" for _, r in d.iterrows()]
+        missing = [m for m in chosen if m not in set(t.method)]
+        if missing:
+            lines.append(f"- left out (their layouts pass the {window:,}-position window): {', '.join(missing)}")
+    lines.append(f"\n**MoICE's router** (the only trained method): answer loss {np.mean(router_loss[:5]):.2f} → "
+                 f"{np.mean(router_loss[-5:]):.2f} (mean of the first / last five of {len(router_loss)} steps).")
+    base_s = latency.loc[latency.variant == "baseline", "median_s"].iloc[0]
+    lines.append(f"\n**Latency** ({timed_on}; median ratio to the baseline's {base_s:.2f} s per prompt, interquartile range of the "
+                 "per-round ratios): " + "; ".join(f"{r['variant']} {r['median_ratio']:.2f}× ({r['q25_ratio']:.2f}–{r['q75_ratio']:.2f})"
+                                                  for _, r in latency.sort_values("median_ratio").iterrows()
+                                                  if r["variant"] != "baseline") + ".")
+    table = extrapolation_table(extrapolation)
+    lengths = list(table.columns)
+    lines += [f"\n**Perplexity of the tail** (one window per length: indicative, no interval; trained window {window:,}):", "",
+              "| variant | " + " | ".join(f"{n:,}{' (beyond)' if n > window else ''}" for n in lengths) + " |",
+              "|---|" + "---|" * len(lengths)]
+    lines += [f"| {v} | " + " | ".join(f"{p:.2f}" for p in row) + " |" for v, row in table.iterrows()]
+    return "\n".join(lines)

@@ -99,10 +99,6 @@ def test_the_wrong_regime_premise_is_gone():
         assert not re.search(r"[46]0\s*[–-]\s*90\s*%", path.read_text()), f"{path.name} still states the 40-90 % premise"
 
 
-# Notebooks whose conclusions are still typed by hand (issue: one home per study); the scan below is a
-# ratchet: a notebook leaves this set when its Markdown holds no measured number, and the test fails
-# until it is removed here, so a cleaned notebook cannot regress unnoticed.
-TYPED_BY_HAND = {"06_benchmarks"}
 MEASURED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s*%|(?<![\w.])[−+-]?\d+(?:[.,]\d+)*\.\d+(?![\w.])")
 # a confidence level, a power, or a reference into a paper: not measurements
 SETTINGS = re.compile(r"\b(?:95|80)\s*%|\b(?:Sec|Eq|Fig|App|Table|Section)s?\.?\s*[A-Z]?\d+(?:\.\d+)*")
@@ -119,12 +115,13 @@ def test_typed_numbers_finds_measurements_and_spares_settings():
     assert typed_numbers("Wilson 95 % intervals, 80 % power, `scale 1.5`, θ = 10⁶, 20 documents, Sec. 4.2, Eq. 12–13") == []
 
 
-def test_no_measured_number_is_typed_into_a_converted_notebook():
+def test_no_measured_number_is_typed_into_a_notebook():
+    """Conclusions print their numbers from the stored tables: no notebook's Markdown holds a measured
+    decimal or percentage (settings go in code spans), so a rerun cannot leave a stale figure."""
     found = {}
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         numbers = [n for c in cells if c["cell_type"] == "markdown" for n in typed_numbers("".join(c["source"]))]
         if numbers:
-            found[path.stem] = numbers
-    assert set(found) - TYPED_BY_HAND == set(), {k: v[:5] for k, v in found.items() if k not in TYPED_BY_HAND}
-    assert TYPED_BY_HAND - set(found) == set(), "these notebooks are clean now: remove them from TYPED_BY_HAND"
+            found[path.stem] = numbers[:5]
+    assert found == {}
