@@ -120,21 +120,13 @@ def target_rows(logp_row: torch.Tensor, target_len: int, keep: int) -> torch.Ten
 
 
 @torch.inference_mode()
-def greedy_generate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
-                    stop_at_newline: bool = True, progress: bool = False, method: Method | None = None,
-                    segments: list[list[int]] | None = None) -> list[str]:
-    """Greedy continuations (text), batched with left padding, each stopping at its first newline;
-    ``method`` and ``segments`` as in :func:`score_targets` (the method's ``generate`` decodes)."""
-    return [text for text, _ in generate_answers(model, tokenizer, prompts, max_new_tokens, batch_size, stop_at_newline,
-                                                 progress, method, segments)]
-
-
-@torch.inference_mode()
 def generate_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 8, batch_size: int = 8,
                      stop_at_newline: bool = True, progress: bool = False, method: Method | None = None,
                      segments: list[list[int]] | None = None, fixed_length: bool = False) -> list[tuple[str, bool]]:
-    """:func:`greedy_generate`, with whether each answer ended by itself (a newline where the decoding
-    stops at one, or the end-of-sequence token) rather than by running out of ``max_new_tokens``.
+    """Greedy continuations (text), batched with left padding, each stopping at its first newline
+    (``stop_at_newline``), with whether each answer ended by itself (a newline where the decoding
+    stops at one, or the end-of-sequence token) rather than by running out of ``max_new_tokens``;
+    ``method`` and ``segments`` as in :func:`score_targets` (the method's ``generate`` decodes).
     ``fixed_length`` decodes exactly ``max_new_tokens`` whatever the model says (fixed work, for
     latency tables)."""
     method = method or Baseline()

@@ -175,11 +175,6 @@ def tokens_of_text(tokenizer, text: str, max_chars: int = 400_000) -> list[int]:
     return tokenizer(text[:max_chars], add_special_tokens=False).input_ids
 
 
-def coarsening_ks(context: int) -> list[int]:
-    """Powers of two from 2 up to the context length (the probe's k axis)."""
-    return [int(k) for k in 2 ** np.arange(1, int(np.log2(context)) + 1)]
-
-
 def per_window(name: str, params: dict, windows: Sequence[Sequence[int]], compute: Callable[[list[list[int]]], pd.DataFrame],
                profile: str) -> pd.DataFrame:
     """``compute([window])`` on each window alone, each stored under its own key (a digest of the

@@ -9,7 +9,7 @@ from lpes_nb.evaluate import (
     EvalSettings,
     encode,
     evaluate_samples,
-    greedy_generate,
+    generate_answers,
     score_targets,
     target_ids,
 )
@@ -69,8 +69,8 @@ def test_scorer_equals_greedy_decoding_on_smollm2(smollm2, tokenizer):
 def test_batched_generation_equals_one_by_one(smollm2, tokenizer):
     records = generate_kv(10, 3, seed=5, key_format="letters6", value_format="digits4")
     prompts = [tokenizer(kv_sample(r, pos).prompt).input_ids for r in records for pos in (0, 9)]
-    batched = greedy_generate(smollm2, tokenizer, prompts, max_new_tokens=6, batch_size=6)
-    single = [greedy_generate(smollm2, tokenizer, [p], max_new_tokens=6, batch_size=1)[0] for p in prompts]
+    batched = [text for text, _ in generate_answers(smollm2, tokenizer, prompts, max_new_tokens=6, batch_size=6)]
+    single = [generate_answers(smollm2, tokenizer, [p], max_new_tokens=6, batch_size=1)[0][0] for p in prompts]
     assert batched == single
     assert all("\n" not in t[:-1] for t in batched)  # stopped at the first newline
 

@@ -11,7 +11,6 @@ import torch
 from lpes_nb.data import Sample
 from lpes_nb.probes import (
     UnpatchedPrefix,
-    coarsening_ks,
     coarsening_perplexity,
     masking_perplexity,
     masking_recall,
@@ -58,7 +57,6 @@ def test_masking_and_coarsening_tables(tiny_llama):
     # k = context length puts every position at 0: the same as masking
     assert coarse.query("layer == 3 and k == 64")["perplexity"].item() == pytest.approx(
         masked.loc[masked.layer == 3, "perplexity"].item(), rel=1e-6)
-    assert coarsening_ks(64) == [2, 4, 8, 16, 32, 64]
     with pytest.raises(ValueError, match=r"layer indices \[7\] are outside \[0, 3\]"):
         masking_perplexity(tiny_llama, WINDOWS, layers=[7])
 
