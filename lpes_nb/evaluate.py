@@ -164,21 +164,21 @@ def token_segments(tokenizer, sample: Sample) -> list[int]:
     return out
 
 
-def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequence[RopeSpec | None] | None = None,
-                     settings: EvalSettings = EvalSettings(), progress: bool = True, method: Method | None = None,
+def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method | None = None,
+                     settings: EvalSettings = EvalSettings(), progress: bool = True,
                      fixed_length: bool = False, shared_prefix: bool = True, gold_logprob: bool = False) -> pd.DataFrame:
     """One row per sample: task, position, sample, correct (+ gold_logprob or prediction).
 
-    The model runs under per-layer ``specs`` or under a ``method`` from :mod:`lpes_nb.methods` (whose
-    context may depend on each batch's inputs, e.g. document membership), not both.
+    The model runs under ``method`` (:mod:`lpes_nb.methods`; None: the unmodified model): every
+    RoPE configuration is a method — per-layer scales (:class:`~lpes_nb.methods.LayerScales`), given
+    per-layer specs (:class:`~lpes_nb.methods.FixedSpecs`), or one whose context depends on each
+    batch's inputs (e.g. document membership).
 
     ``shared_prefix``: the prompts of one record (same task, record and size, at several gold
     positions) share the keys and values of their common prefix (:mod:`lpes_nb.prefix`) where the
     method and the model allow it; otherwise, and for ``fixed_length`` decoding, the plain batched
     path. ``gold_logprob`` (generate mode, shared path): also the teacher-forced log-probability of
     the gold answer (best alias) and whether greedy decoding would start with it."""
-    if specs is not None and method is not None:
-        raise ValueError("give either specs or a method, not both")
     prompts = [encode(tokenizer, s, settings.chat) for s in samples]
     segments = None
     if method is not None and method.needs_segments:
@@ -196,8 +196,6 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], specs: Sequenc
     fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow)
     rows = [{"task": s.task, "position": s.position, "num_items": s.num_items, "sample": s.sample_id,
              "prompt_tokens": len(p)} for s, p in zip(samples, prompts)]
-    if specs is not None:
-        method = FixedSpecs(specs)
     method = method or Baseline()
     shared = (shared_prefix and method.shares_prefix and not fixed_length and not settings.chat
               and prefix.supports_sharing(model))

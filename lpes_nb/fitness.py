@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import evaluate_samples
+from .methods import LayerScales
 from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, u_shape_rho
 from .models import model_fingerprint
 from .results import ResultCache, cache_key
-from .rope import scale_specs
 from .tasks import EvalSettings
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
@@ -137,7 +137,7 @@ class PositionFitness:
         key = cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
-        df = evaluate_samples(self.model, self.tokenizer, self.samples, scale_specs(scales), settings, progress=False)
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=False)
         if self.cache is not None:
             self.cache.put(key, df)
         return df

@@ -90,7 +90,8 @@ class Baseline(Method):
 
 @dataclass
 class FixedSpecs(Method):
-    """Given per-layer specs, the same for every batch (``evaluate_samples(specs=...)``)."""
+    """Given per-layer specs (a list, one per layer, or {layer: spec}), the same for every batch: a
+    probe's masks or a hand-made configuration as a method."""
 
     fixed: Sequence[RopeSpec | None] | dict
     name = "specs"

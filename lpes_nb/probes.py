@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .evaluate import evaluate_samples
 from .interventions import Interventions, Stop
+from .methods import FixedSpecs
 from .metrics import perplexity
 from .results import cached_table
 from .rope import RopeSpec, find_rope_stack, rope_context
@@ -165,7 +166,7 @@ def masking_recall(model, tokenizer, samples: Sequence[Sample], layers: Sequence
     """Retrieval accuracy by gold position with RoPE masked in one layer at a time; layer -1 = unpatched."""
     frames = [evaluate_samples(model, tokenizer, samples, None, settings, progress=False).assign(layer=-1)]
     for layer in tqdm(_layers(model, layers), desc="masking recall, layer by layer", leave=False):
-        df = evaluate_samples(model, tokenizer, samples, {layer: RopeSpec(mask=True)}, settings, progress=False)
+        df = evaluate_samples(model, tokenizer, samples, FixedSpecs({layer: RopeSpec(mask=True)}), settings, progress=False)
         frames.append(df.assign(layer=layer))
     return pd.concat(frames, ignore_index=True)
 

@@ -21,8 +21,9 @@ from .distributed import FitnessSpec, distributed_fitness
 from .evaluate import evaluate_samples
 from .fitness import LAMBDAS, PositionFitness, difference_text, fitness_se, position_tables, weighted_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
+from .methods import LayerScales
 from .results import ResultCache, cache_key, will_compute
-from .rope import RopePatch, RopeSpec, scale_specs
+from .rope import RopePatch, RopeSpec
 from .tasks import EvalSettings, TaskConfig
 from .training import answer_batch, backward_answer_nll, frozen
 
@@ -134,7 +135,7 @@ def scales_samples(model, tokenizer, samples: Sequence[Sample], scales: Mapping[
                    settings: EvalSettings = EvalSettings(), progress: bool = False) -> pd.DataFrame:
     """Per-sample results (a ``method`` column first) for named per-layer scales (``None`` = the
     unmodified model), for paired comparisons on the same records."""
-    df = pd.concat([evaluate_samples(model, tokenizer, samples, None if s is None else scale_specs(s), settings,
+    df = pd.concat([evaluate_samples(model, tokenizer, samples, None if s is None else LayerScales(s), settings,
                                      progress=progress).assign(method=label)
                     for label, s in scales.items()], ignore_index=True)
     return df[["method", *df.columns.drop("method")]]

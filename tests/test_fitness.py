@@ -70,13 +70,13 @@ def test_paired_difference_is_the_fitness_difference_with_a_paired_interval():
 def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, tmp_path):
     """Generate mode judges text and has no log-probability: the tie-break must come from a scoring
     pass, else equal accuracies stay tied in whatever order the GA met them."""
+    from lpes_nb.methods import LayerScales
     from lpes_nb.tasks import EvalSettings
-    from lpes_nb.rope import scale_specs
 
     samples, scales = _toy_samples(), [2.0, 1.5, 1.0, 3.0]
     generate = EvalSettings(mode="generate", max_new_tokens=3)
     plain = PositionFitness(tiny_llama, tokenizer, samples, generate)(np.array([scales]))[0]
     broken = PositionFitness(tiny_llama, tokenizer, samples, generate, cache=ResultCache(tmp_path), tie_break=1e-3)
-    scored = evaluate_samples(tiny_llama, tokenizer, samples, scale_specs(scales), EvalSettings(), progress=False)
+    scored = evaluate_samples(tiny_llama, tokenizer, samples, LayerScales(scales), EvalSettings(), progress=False)
     assert broken(np.array([scales]))[0] == pytest.approx(plain + 1e-3 * scored["gold_logprob"].mean())
     assert len(list(tmp_path.glob("*.csv"))) == 2  # the generated answers and the scoring pass, each cached

@@ -135,8 +135,6 @@ def test_caliope_refuses_a_layout_past_the_trained_window(tiny_llama):
 def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
     with pytest.raises(ValueError, match="LPES has 3 scales for a model with 4 layers"):
         _logprobs(tiny_llama, tokenizer, lpes([1.0, 1.0, 1.0]))
-    with pytest.raises(ValueError, match="either specs or a method"):
-        evaluate_samples(tiny_llama, tokenizer, SAMPLES, specs=[None] * 4, method=Baseline(), progress=False)
 
 
 def test_attention_buckets_with_one_bucket_at_the_models_base_is_the_baseline(tiny_llama, tokenizer):
