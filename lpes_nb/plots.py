@@ -175,7 +175,7 @@ def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
     return fig
 
 
-def paired_differences(diffs: pd.DataFrame, title: str):
+def difference_intervals(diffs: pd.DataFrame, title: str):
     """Paired Δλ of each method against each reference with its 95 % interval (rows of
     :func:`lpes_nb.fitness.paired_differences`), one panel per reference, zero marked; the
     minimum detectable effect (80 % power) as a grey band around zero."""
