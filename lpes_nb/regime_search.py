@@ -22,7 +22,7 @@ from .models import load_model, load_tokenizer
 from .position_map import FIXED_CELLS
 from .profiles import PositionMap, RegimeSearch
 from .results import cached_table, output_dir, write_csv
-from .search import bezier_space, reference_fitness, run_search, scales_samples
+from .search import SearchRun, bezier_space, reference_fitness, run_search, scales_samples
 from .tasks import TASKS, TaskConfig
 
 TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
@@ -86,8 +86,9 @@ def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, 
         references.append(ref.assign(task=task, num_items=items))
         for seed in rs.seeds:
             name = f"regime_{task}{items}_s{seed}"
-            res = run_search(model, tokenizer, samples, bezier_space(model), replace(rs.ga, seed=seed), out, name, settings,
-                             model_name=model_name, tie_break=rs.tie_break, progress=progress)
+            res = run_search(model, tokenizer, search_cfg, bezier_space(model),
+                             SearchRun(replace(rs.ga, seed=seed), out, name, settings, tie_break=rs.tie_break),
+                             model_name=model_name, progress=progress)
             best = [float(s) for s in res.best_scales]
             curves[f"LPES {task} s{seed}"] = best
             curves[f"PI {task} s{seed}"] = [float(np.mean(best))] * layers  # PI with the curve's mean scale

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,20 +28,37 @@ from .tasks import EvalSettings, TaskConfig
 from .training import answer_batch, backward_answer_nll, frozen
 
 
-def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GAConfig, out_dir: Path, name: str,
-               settings: EvalSettings = EvalSettings(), lambdas: Sequence[float] = LAMBDAS, model_name: str = "",
-               tie_break: float = 1e-3, progress: bool = True, backend: str = "in-process", task: TaskConfig | None = None,
-               workers: int = 2, ray_address: str | None = None, num_gpus: float = 0) -> GAResult:
-    """Run (or resume, or reload) a GA search; results land in ``out_dir/<name>_*``.
+@dataclass(frozen=True)
+class SearchRun:
+    """How one search runs, besides its task and space: the GA, where its results land (``out_dir``,
+    files named ``name``), the judge's settings, the λ weights (Eq. 8), the log-probability
+    tie-break, and where fitness is scored (``backend``: ``"in-process"``, ``"processes"`` — a local
+    pool of ``workers`` — or ``"ray"`` — ``workers`` actors; ``ray_address`` None starts a local Ray,
+    ``"auto"`` joins a cluster; ``num_gpus`` per actor)."""
 
-    The GA checkpoints after every generation to ``out_dir/<name>-<fingerprint>.ckpt.json``; a
+    ga: GAConfig
+    out_dir: Path
+    name: str
+    settings: EvalSettings = EvalSettings()
+    lambdas: tuple[float, ...] = LAMBDAS
+    tie_break: float = 1e-3
+    backend: str = "in-process"
+    workers: int = 2
+    ray_address: str | None = None
+    num_gpus: float = 0
+
+
+def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_name: str = "", progress: bool = True) -> GAResult:
+    """Run (or resume, or reload) a GA search over ``space`` on ``task``'s samples; results land in
+    ``run.out_dir/<run.name>_*``.
+
+    The GA checkpoints after every generation to ``<out_dir>/<name>-<fingerprint>.ckpt.json``; a
     finished checkpoint is the stored result (nothing is scored again). Fitness evaluations are also
-    cached on disk by scales, so ablations that meet the same scales never recompute them.
-
-    ``backend``: ``"in-process"`` scores with ``model`` here; ``"processes"`` (a local pool) and
-    ``"ray"`` (actors; ``ray_address`` None starts a local Ray, ``"auto"`` joins a cluster) start
-    ``workers`` workers that each load ``model_name`` once and build ``task``'s samples themselves
-    (``task`` must be the TaskConfig of ``samples``); only scale vectors and scores travel."""
+    cached on disk by scales, so ablations that meet the same scales never recompute them. On the
+    ``processes`` / ``ray`` backends every worker loads ``model_name`` once and builds ``task``'s
+    samples itself; only scale vectors and scores travel."""
+    samples, config, settings, lambdas, tie_break = task.samples(), run.ga, run.settings, run.lambdas, run.tie_break
+    out_dir, name, backend = Path(run.out_dir), run.name, run.backend
     out_dir = Path(out_dir)
     cache_dir = out_dir / "fitness_cache"
     fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break)
@@ -58,12 +75,11 @@ def run_search(model, tokenizer, samples: Sequence[Sample], space, config: GACon
         with footprint.study(f"GA search {name}", evaluations_planned=config.population * (config.generations + 1)):
             result = search.run()
     else:
-        if task is None or not model_name or [s.prompt for s in task.samples()] != [s.prompt for s in samples]:
-            raise ValueError(f"backend {backend!r} needs model_name and the TaskConfig of the samples (task=...), so that "
-                             "every worker loads the model and builds the same samples itself")
+        if not model_name:
+            raise ValueError(f"backend {backend!r} needs model_name, so that every worker loads the model itself")
         spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
                            str(cache_dir))
-        with distributed_fitness(spec, backend, workers, ray_address, num_gpus, progress) as remote:
+        with distributed_fitness(spec, backend, run.workers, run.ray_address, run.num_gpus, progress) as remote:
             if remote.fingerprint() != fitness.fingerprint():
                 raise RuntimeError(f"the {backend} workers built a different fitness (fingerprint {remote.fingerprint()}) "
                                    f"than this process ({fitness.fingerprint()}): model, dtype, samples or settings differ")
@@ -166,8 +182,8 @@ def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, t
     space = bezier_space(model, opts.get("degree", degree), opts.get("curve", "bezier"))
     lambdas = opts.get("lambdas", LAMBDAS)
     name = f"ablation_{search_key(kind=kind, value=value, cfg=config, task=repr(search_cfg), lam=lambdas)}"
-    res = run_search(model, tokenizer, search_cfg.samples(), space, config, out_dir, name, settings,
-                     lambdas=lambdas, model_name=model_name, tie_break=tie_break, progress=False)
+    res = run_search(model, tokenizer, search_cfg, space, SearchRun(config, out_dir, name, settings, tuple(lambdas), tie_break),
+                     model_name=model_name, progress=False)
     test = evaluate_scales(model, tokenizer, test_samples, {"best": list(res.best_scales)}, settings)
     acc = test.set_index("position")["mean"]
     return {"ablation": kind, "setting": str(value), "search_fitness": res.best_fitness, "evaluations": res.evaluations,

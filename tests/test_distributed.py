@@ -10,7 +10,7 @@ import pytest
 from lpes_nb.distributed import FitnessSpec, ProcessPoolFitness, RayFitness
 from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, TargetCurveFitness
 from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.search import run_search
+from lpes_nb.search import SearchRun, run_search
 from lpes_nb.tasks import EvalSettings, TaskConfig
 
 L = 8
@@ -31,7 +31,7 @@ def test_ray_actors_give_the_in_process_history_load_once_and_ship_no_weights(tm
     ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install lpes-nb[ray]")
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     space = BezierSpace(4)
-    ref = run_search(model, tokenizer, TASK.samples(), space, SMALL, tmp_path / "ref", "ga", model_name="tiny-llama",
+    ref = run_search(model, tokenizer, TASK, space, SearchRun(SMALL, tmp_path / "ref", "ga"), model_name="tiny-llama",
                      progress=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20)
     try:
@@ -51,14 +51,14 @@ def test_ray_actors_give_the_in_process_history_load_once_and_ship_no_weights(tm
 
 def test_run_search_on_a_process_pool_equals_in_process_and_shares_its_checkpoints(tmp_path):
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
-    space, samples = BezierSpace(4), TASK.samples()
-    full = run_search(model, tokenizer, samples, space, SMALL, tmp_path / "a", "ga", model_name="tiny-llama", progress=False)
-    with pytest.raises(ValueError, match="backend 'processes' needs model_name and the TaskConfig"):
-        run_search(model, tokenizer, samples, space, SMALL, tmp_path / "b", "ga", backend="processes")
-    pooled = run_search(model, tokenizer, samples, space, SMALL, tmp_path / "b", "ga", model_name="tiny-llama",
-                        progress=False, backend="processes", task=TASK, workers=2)
+    space = BezierSpace(4)
+    full = run_search(model, tokenizer, TASK, space, SearchRun(SMALL, tmp_path / "a", "ga"), model_name="tiny-llama", progress=False)
+    with pytest.raises(ValueError, match="backend 'processes' needs model_name"):
+        run_search(model, tokenizer, TASK, space, SearchRun(SMALL, tmp_path / "b", "ga", backend="processes"))
+    pooled = run_search(model, tokenizer, TASK, space, SearchRun(SMALL, tmp_path / "b", "ga", backend="processes", workers=2),
+                        model_name="tiny-llama", progress=False)
     pd.testing.assert_frame_equal(pooled.history, full.history)
     # the in-process run's checkpoint has the workers' fingerprint: the pool reloads it, scores nothing
-    again = run_search(model, tokenizer, samples, space, SMALL, tmp_path / "a", "ga", model_name="tiny-llama",
-                       progress=False, backend="processes", task=TASK, workers=1)
+    again = run_search(model, tokenizer, TASK, space, SearchRun(SMALL, tmp_path / "a", "ga", backend="processes", workers=1),
+                       model_name="tiny-llama", progress=False)
     pd.testing.assert_frame_equal(again.history, full.history)

@@ -17,7 +17,7 @@ from lpes_nb import plots, results
 from lpes_nb.ga import BezierSpace, GAConfig
 from lpes_nb.moice import RouterTraining, load_or_train
 from lpes_nb.results import CACHED_ONLY, CacheMiss, cached_table
-from lpes_nb.search import run_search
+from lpes_nb.search import SearchRun, run_search
 from lpes_nb.tasks import TaskConfig
 
 TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")
@@ -59,12 +59,12 @@ def test_a_cache_miss_in_a_cached_only_run_fails_fast_naming_the_step(store, mon
 
 
 def test_a_finished_search_is_read_back_and_a_changed_parameter_is_a_new_search(tiny_llama, tokenizer, tmp_path, monkeypatch):
-    samples, space = TASK.samples(), BezierSpace(4)
+    space, run = BezierSpace(4), SearchRun(SMALL, tmp_path, "ga")
     with monkeypatch.context() as m:
         m.setenv(CACHED_ONLY, "1")
         with pytest.raises(CacheMiss, match="step 'GA search ga' is not in the result store"):
-            run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
-    first = run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
+            run_search(tiny_llama, tokenizer, TASK, space, run, model_name="tiny-llama", progress=False)
+    first = run_search(tiny_llama, tokenizer, TASK, space, run, model_name="tiny-llama", progress=False)
     checkpoints = list(tmp_path.glob("ga-*.ckpt.json"))
     assert len(checkpoints) == 1
 
@@ -72,10 +72,10 @@ def test_a_finished_search_is_read_back_and_a_changed_parameter_is_a_new_search(
 
     monkeypatch.setattr(fitness, "evaluate_samples", lambda *a, **k: pytest.fail("a finished search scored again"))
     monkeypatch.setenv(CACHED_ONLY, "1")
-    again = run_search(tiny_llama, tokenizer, samples, space, SMALL, tmp_path, "ga", model_name="tiny-llama", progress=False)
+    again = run_search(tiny_llama, tokenizer, TASK, space, run, model_name="tiny-llama", progress=False)
     pd.testing.assert_frame_equal(again.history, first.history)
     with pytest.raises(CacheMiss, match="GA search ga"):  # one more generation: another key, so a miss
-        run_search(tiny_llama, tokenizer, samples, space, dataclasses.replace(SMALL, generations=3), tmp_path, "ga",
+        run_search(tiny_llama, tokenizer, TASK, space, dataclasses.replace(run, ga=dataclasses.replace(SMALL, generations=3)),
                    model_name="tiny-llama", progress=False)
 
 
