@@ -41,22 +41,24 @@ def shape(rows: pd.DataFrame) -> str:
     return "no clear position effect"
 
 
+def curve_text(rows: pd.DataFrame) -> str:
+    """One setting's first / middle / last accuracy with Wilson intervals and the shape they support."""
+    rows = rows.sort_values("position")
+    cells = " / ".join(f"{100 * r['mean']:.0f} [{100 * r['ci_low']:.0f}, {100 * r['ci_high']:.0f}]" for _, r in rows.iterrows())
+    return f"{cells} % → **{shape(rows)}**"
+
+
 def conclusion(kv: pd.DataFrame, mdqa: pd.DataFrame, chosen_pairs: int, window: int) -> str:
     """Notebook 1's reading, every number from its two calibration tables: per KV size and for MDQA
     the first / middle / last accuracy with Wilson intervals, the shape those intervals support and
     CALIOPE's ρ; the size the profile's search uses; the prompts' share of the trained window."""
-    def row_text(rows: pd.DataFrame) -> str:
-        rows = rows.sort_values("position")
-        cells = " / ".join(f"{100 * r['mean']:.0f} [{100 * r['ci_low']:.0f}, {100 * r['ci_high']:.0f}]" for _, r in rows.iterrows())
-        return f"{cells} % → **{shape(rows)}**, ρ = {rows['rho'].iloc[0]:+.0f}"
-
     lines = [f"**KV retrieval** (first / middle / last, n = {int(kv['n'].min())} per position, Wilson 95 % intervals):"]
     for items, rows in kv.groupby("num_items"):
         mark = " ← the profile's search and test size" if items == chosen_pairs else ""
-        lines.append(f"- {items} pairs (~{int(rows['prompt_tokens'].iloc[0]):,} tokens): {row_text(rows)}{mark}")
+        lines.append(f"- {items} pairs (~{int(rows['prompt_tokens'].iloc[0]):,} tokens): {curve_text(rows)}, ρ = {rows['rho'].iloc[0]:+.0f}{mark}")
     docs = int(mdqa["num_items"].iloc[0])
     lines.append(f"\n**MDQA**, {docs} documents with the real retrieved distractors (n = {int(mdqa['n'].min())} per position): "
-                 f"{row_text(mdqa)}.")
+                 f"{curve_text(mdqa)}, ρ = {mdqa['rho'].iloc[0]:+.0f}.")
     tokens = pd.concat([kv, mdqa])["prompt_tokens"]
     lines.append(f"\n**Regime.** The prompts are {int(tokens.min()):,}–{int(tokens.max()):,} tokens, "
                  f"{100 * tokens.min() / window:.0f}–{100 * tokens.max() / window:.0f} % of the {window:,}-token window.")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pandas as pd
 
-from .calibration import calibrate, shape
+from .calibration import calibrate, curve_text
 from .fitness import difference_text
 
 
@@ -32,9 +32,7 @@ def conclusion(agreement: pd.DataFrame, calibrated: pd.DataFrame, reference: tup
              f"{100 * a.get('same prediction', float('nan')):.0f} %."]
     lines.append("- **Calibration** (first / middle / last, Wilson 95 % intervals):")
     for (task, items), rows in calibrated.groupby(["task", "num_items"], sort=False):
-        rows = rows.sort_values("position")
-        cells = " / ".join(f"{100 * r['mean']:.0f} [{100 * r['ci_low']:.0f}, {100 * r['ci_high']:.0f}]" for _, r in rows.iterrows())
-        lines.append(f"  - {task}, {items} items (n = {int(rows['n'].min())}): {cells} % → **{shape(rows)}**")
+        lines.append(f"  - {task}, {items} items (n = {int(rows['n'].min())}): {curve_text(rows)}")
     fitness, se = reference
     lines.append(f"- **The searches** on the search set, where the unmodified model scores {fitness:.3f} ± {se:.3f} (SE): "
                  + "; ".join(f"{name} ended at {r['search fitness']:.3f} after {int(r['evaluations'])} evaluations"
