@@ -153,6 +153,12 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
     cpu = describe_cpu()
     dtypes = ["float32"] + (["bfloat16"] if cpu["bf16"]["safe"] and cpu["native_bf16"] else [])
     report: dict = json.loads(out.read_text()) if out.exists() else {}
+    stored = report.get("cpu")
+    if set(parts) != set(PARTS) and stored and (stored["cpu"], stored["isa_flags"]) != (cpu["cpu"], cpu["isa_flags"]):
+        # the file names one CPU for all its parts: mixing machines would mislabel the parts kept
+        raise ValueError(f"{out} was measured on {stored['cpu']} ({len(stored['isa_flags'])} ISA flags); this is "
+                         f"{cpu['cpu']} ({len(cpu['isa_flags'])} ISA flags): measure all parts {PARTS} here, or "
+                         f"write --parts {' '.join(parts)} to another file with --out")
     report.update(cpu=cpu, torch_threads=torch.get_num_threads())
     if "gemm" in parts:
         report["gemm_gflops"] = {d: gemm_gflops(getattr(torch, d)) for d in dtypes}

@@ -111,3 +111,17 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
     assert flop_ratio(model, [[[1, 2, 3, 4], [1, 2, 3, 5]]]) < 1.0
     # FLOPs of a forward: 2 x matmul parameters x tokens plus the causal attention term
     assert forward_flops(model, 200) > 2 * 200 * sum(p.numel() for n, p in model.named_parameters() if "layers" in n and p.dim() == 2)
+
+
+def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypatch):
+    import json
+
+    from lpes_nb import throughput
+
+    out = tmp_path / "throughput.json"
+    here = {"cpu": "CPU B", "isa_flags": ["avx2"], "bf16": {"safe": False}, "native_bf16": False}
+    out.write_text(json.dumps({"cpu": {**here, "cpu": "CPU A"}, "sweeps": []}))
+    monkeypatch.setattr(throughput, "describe_cpu", lambda: here)
+    with pytest.raises(ValueError, match="measured on CPU A .* this is CPU B"):
+        throughput.run(out=out, parts=("fitness",), progress=False)
+    assert json.loads(out.read_text())["cpu"]["cpu"] == "CPU A"  # nothing half-written
