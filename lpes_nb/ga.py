@@ -240,15 +240,15 @@ class GAResult:
     evaluations: int  # distinct genomes scored
     control_points: list | None = None
 
-    def save(self, directory: str | Path, name: str = "ga") -> Path:
+    def save(self, directory: str | Path, name: str = "ga", **provenance) -> Path:
         """Write ``<name>_history.csv``, ``<name>_summary.csv`` and ``<name>_best.json`` (the scales
-        JSON format that the methods load)."""
+        JSON format that the methods load, with ``provenance``: the model's identity, the task …)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_csv(directory / f"{name}_history.csv", self.history)
         write_csv(directory / f"{name}_summary.csv", self.summary)
         return save_scales(directory / f"{name}_best.json", self.best_scales, fitness=self.best_fitness,
-                           control_points=self.control_points, evaluations=self.evaluations)
+                           control_points=self.control_points, evaluations=self.evaluations, **provenance)
 
 
 @dataclass

@@ -310,6 +310,17 @@ def model_fingerprint(model: PreTrainedModel) -> str:
     return digest.hexdigest()[:16]
 
 
+# what a model's RoPE scales depend on: scales searched on one model mean nothing on another (other
+# depth, base or window); dtype is left out, scales found in bf16 hold in float32
+IDENTITY = ("name", "model_type", "layers", "head_dim", "rope_theta", "max_position_embeddings", "parameters_M")
+
+
+def model_identity(model: PreTrainedModel, name: str) -> dict:
+    """The model a set of per-layer scales belongs to (:data:`IDENTITY`), stored with exported scales
+    and checked when they are read back (:func:`lpes_nb.results.read_scales`)."""
+    return {"name": name, **{k: v for k, v in describe_model(model).items() if k in IDENTITY}}
+
+
 def describe_model(model: PreTrainedModel) -> dict:
     """The facts a RoPE study needs: depth, heads, head size, RoPE type and base(s), window."""
     cfg = model.config

@@ -152,9 +152,11 @@ def save_scales(path: Path | str, scales, **meta) -> Path:
     return write_json(path, {"scales": [round(s, 10) for s in values], **meta})
 
 
-def read_scales(path: Path | str, num_layers: int | None = None) -> dict:
+def read_scales(path: Path | str, num_layers: int | None = None, model: dict | None = None) -> dict:
     """The payload of a scales JSON (``payload["scales"]``: floats), checked: one finite scale > 0
-    per layer (``num_layers``, when given)."""
+    per layer (``num_layers``, or the layers of ``model``, a :func:`lpes_nb.models.model_identity`).
+    Scales exported with the identity of the model they were found on (a search's) are refused on
+    any other model; curves that name no model (the explorer's) are checked by their layer count."""
     try:
         payload = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -162,6 +164,12 @@ def read_scales(path: Path | str, num_layers: int | None = None) -> dict:
     if not isinstance(payload, dict) or "scales" not in payload:
         raise ValueError(f"{path} has no 'scales' list")
     scales = [float(s) for s in payload["scales"]]
+    stored = payload.get("model")
+    if model is not None and isinstance(stored, dict):
+        differ = [f"{k} {stored.get(k)!r} (here {model.get(k)!r})" for k in sorted(set(stored) | set(model)) if stored.get(k) != model.get(k)]
+        if differ:
+            raise ValueError(f"{path} holds scales found on another model than {model['name']!r}: " + "; ".join(differ))
+    num_layers = model["layers"] if model is not None and num_layers is None else num_layers
     if num_layers is not None and len(scales) != num_layers:
         raise ValueError(f"{path} holds {len(scales)} scales, the model has {num_layers} layers")
     if any(not (np.isfinite(s) and s > 0) for s in scales):
