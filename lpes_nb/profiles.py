@@ -369,17 +369,20 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         # n = 30 records per cell and position; SmolLM2 in float32 (the committed run's dtype), Qwen in
         # bf16 (notebook 8's, with its measured agreement). The ladder as far as two sessions' CPU time
         # reached (a cell is 150 prompts: ~4 min at 512 tokens, ~9 at 1k, ~20 at 2k for SmolLM2; Qwen's
-        # 10-document MDQA ~35 min, on 2 cores with AVX512-BF16); longer lengths and MDQA-20 are the
-        # next cells (notebook 9 says so)
+        # 10-document MDQA ~35 min, on 2 cores with AVX512-BF16); longer lengths are the next cells
+        # (notebook 9 says so)
         position_map=PositionMap(models=(MapModel("smollm2-135m", "float32", lengths=(256, 512, 1024), mdqa_docs=(10,)),
                                          MapModel("qwen2.5-coder-0.5b", "bfloat16", lengths=(256, 512), mdqa_docs=(10,))),
                                  n=30,
                                  # the LPES paper's Qwen setting (MDQA with 20 documents, ~3k tokens of a 32k
-                                 # window), record by record; grows to all 441 records from the store
-                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=200),)),
+                                 # window) and its Vicuna layout (10 documents), record by record; only cells
+                                 # the store holds in full (the cached rerun computes nothing); grows to all
+                                 # 441 records and the KV cells as background runs finish
+                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=200),
+                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=10, n=200))),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
-        # SE it reached). Not run: the committed map shows no deficit.
+        # SE it reached). Searches only where the paired gate calls a cell a U (notebook 9 prints which).
         regime_search=RegimeSearch(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
                                    search_n=100, test_n=200),
     ),
