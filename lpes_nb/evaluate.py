@@ -47,6 +47,19 @@ def target_ids(tokenizer, answer: str, chat: bool = False) -> list[int]:
     return ids
 
 
+def check_answer_budget(tokenizer, samples: Sequence[Sample], settings: EvalSettings) -> None:
+    """Generate mode: every sample's shortest gold answer must fit in ``max_new_tokens``, or an answer
+    cut before its end is judged wrong for want of tokens, not of retrieval (a UUID value takes 27-38
+    tokens in these tokenizers; 32 new tokens would fail most of them silently)."""
+    need = [min(len(target_ids(tokenizer, a, settings.chat)) for a in s.answers) for s in samples]
+    over = [(n, s) for n, s in zip(need, samples) if n > settings.max_new_tokens]
+    if over:
+        n, s = max(over, key=lambda ns: ns[0])
+        raise ValueError(f"max_new_tokens={settings.max_new_tokens} cannot hold the gold answer of {len(over)} of "
+                         f"{len(samples)} samples (the longest: {s.task} sample {s.sample_id}, {s.answers[0]!r}, {n} tokens); "
+                         f"allow at least {n} new tokens")
+
+
 def check_lengths(lengths, extra, max_positions: int, on_overflow: str) -> np.ndarray:
     """Boolean mask of prompts that fit; raise (``on_overflow="error"``) or skip (``"skip"``) the rest.
     Never truncates."""
@@ -191,6 +204,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
         extra = [len(t) for _, t in pairs]
         lengths = [len(prompts[i]) for i, _ in pairs]
     else:
+        check_answer_budget(tokenizer, samples, settings)
         extra = [settings.max_new_tokens] * len(samples)
         lengths = [len(p) for p in prompts]
     fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow)

@@ -4,8 +4,9 @@ length (notebook 9).
 Every cell (model, dtype, task, length) is one stored per-sample table (``position_map_samples``,
 keyed by its parameters), so a long map resumes cell by cell and a longer ladder computes only its new
 cells. Each task is judged as its original evaluation judges it (``TASKS[task].settings()``: KV
-looks for the value anywhere in up to 32 new tokens; MDQA takes the first line of up to 100; the
-two-fact task the first line of up to 16), and every answer carries the copy control (does it hold
+looks for the value anywhere in up to 32 new tokens — the record cells on the original UUID files in
+up to 100, as lost-in-the-middle; MDQA takes the first line of up to 100; the two-fact task the first
+line of up to 16), and every answer carries the copy control (does it hold
 the first / last context item, whatever the gold position) and whether it ran out of tokens.
 
 Run it from the command line (resumable, progress per cell):
@@ -31,7 +32,7 @@ from .models import load_model, load_tokenizer, resolve_dtype
 from .position_gate import gate
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
-from .tasks import TASKS, TaskConfig
+from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
@@ -82,9 +83,16 @@ def cell_samples(model, tokenizer, model_name: str, dtype: str, cfg: TaskConfig,
 RECORDS_VERSION = 1  # bump when the code behind a stored record changes
 
 
+def record_settings(task: str, batch_size: int) -> EvalSettings:
+    """How a record cell answers: as the task's original evaluation, with its budget of new tokens
+    (:data:`~lpes_nb.tasks.ORIGINAL_ANSWER_TOKENS`: a UUID value does not fit in the KV task's 32)."""
+    settings = TASKS[task].settings(batch_size)
+    return replace(settings, max_new_tokens=max(settings.max_new_tokens, ORIGINAL_ANSWER_TOKENS))
+
+
 def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str) -> RecordTable:
     """Where the map's rows of one model, dtype, task and size live, record by record."""
-    settings = TASKS[task].settings(batch_size)
+    settings = record_settings(task, batch_size)
     positions = list(_at_positions(TaskConfig(task, items)).positions)
     if task == "mdqa":
         params = {"model": model_name, "dtype": dtype, "task": "mdqa", "num_docs": items, "positions": positions,
@@ -109,7 +117,7 @@ def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items
         conditions = [POSITIONAL[task]] * len(positions) + ["closed_book", "oracle"]
     else:
         samples, conditions = [kv_sample(record, g, record_id) for g in positions], [POSITIONAL[task]] * len(positions)
-    df = evaluate_samples(model, tokenizer, samples, settings=TASKS[task].settings(batch_size), progress=False, gold_logprob=True)
+    df = evaluate_samples(model, tokenizer, samples, settings=record_settings(task, batch_size), progress=False, gold_logprob=True)
     df["condition"] = conditions
     return df.to_dict(orient="records")
 

@@ -155,6 +155,10 @@ class Task:
 
 TWO_FACT_GAP = 2  # filler sentences between the two facts of "two_fact_block", whatever the depth
 
+# lost-in-the-middle's max_new_tokens for MDQA and KV alike (its scripts/get_*_responses_*.py); the KV
+# task's own 32 holds the generated short values (letters6 -> digits4), not the original files' UUIDs
+ORIGINAL_ANSWER_TOKENS = 100
+
 # A new task is one entry here. Judging as the original evaluations: MDQA (lost-in-the-middle) decodes
 # up to 100 tokens and takes best_subspan_em of the first line; KV (lost-in-the-middle) looks for the
 # value anywhere in the answer (so a copy of the context can contain it: see copy_columns); passkey and

@@ -165,6 +165,12 @@ CASES = {
     # evaluation settings and results
     "batch size 0": (lambda f: evaluate.EvalSettings(batch_size=0), r"batch_size must be an integer >= 1, got 0"),
     "max new tokens": (lambda f: evaluate.EvalSettings(max_new_tokens=-1), r"max_new_tokens must be an integer >= 1, got -1"),
+    # a UUID value (35 tokens here) cut at 32 new tokens would be judged wrong for want of tokens
+    "answer budget": (lambda f: evaluate.evaluate_samples(
+        models.load_model("tiny-llama"), models.load_tokenizer("tiny-llama"),
+        tasks.TaskConfig("kv", 4, n=1, key_format="uuid", value_format="uuid").samples(),
+        settings=evaluate.EvalSettings(mode="generate", max_new_tokens=32), progress=False),
+        r"max_new_tokens=32 cannot hold the gold answer of 3 of 3 samples \(the longest: kv sample 0, '[0-9a-f-]{36}', 3\d tokens\); allow at least 3\d new tokens"),
     "mode": (lambda f: evaluate.EvalSettings(mode="sample"), r"mode must be 'score' or 'generate', got 'sample'"),
     "on_overflow": (lambda f: evaluate.EvalSettings(on_overflow="truncate"), r"on_overflow must be 'error' or 'skip', got 'truncate'"),
     "chat string": (lambda f: evaluate.EvalSettings(chat="yes"), r"chat must be True or False, got 'yes'"),

@@ -79,6 +79,8 @@ def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
         assert list(df["sample"]) == [3] * 5 + [1] * 5 and set(df["condition"]) == {"pairs"}
         assert list(df["position"][:5]) == [0, round((pairs - 1) / 4), middle, round(3 * (pairs - 1) / 4), pairs - 1]
         assert df["num_items"].eq(pairs).all() and np.isfinite(df["gold_logprob"]).all()
+        # a UUID value takes up to 38 tokens: the cell decodes the original evaluation's 100
+        assert position_map.record_settings("kv", 8).max_new_tokens == 100
         summary = position_map.record_summary(df)
         assert list(summary["relative_position"]) == pytest.approx([0, 0.25, 0.5, 0.75, 1], abs=0.01)
     assert len(list(tmp_path.rglob("position_map_records-*.jsonl"))) == 2  # one stored cell per file
