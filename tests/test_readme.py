@@ -125,3 +125,71 @@ def test_no_measured_number_is_typed_into_a_notebook():
         if numbers:
             found[path.stem] = numbers[:5]
     assert found == {}
+
+
+def findings(readme: str) -> list[str]:
+    """The README's "In short:" bullet lists (the findings), one string per list."""
+    lists = []
+    for part in readme.split("In short:")[1:]:
+        lines = []
+        for line in part.splitlines()[1:]:
+            if not (line.startswith("- ") or line.startswith("  ")):
+                break
+            lines.append(line)
+        lists.append("\n".join(lines))
+    return lists
+
+
+NUMBER = r"[−+-]?\d+(?:\.\d+)?"
+INTERVAL = re.compile(rf"({NUMBER})\s*%?\s*\[({NUMBER}),\s*({NUMBER})\]")
+
+
+def printed_lines(notebook: Path) -> list[list[float]]:
+    """The numbers of every output line of a published notebook (printed from its stored tables)."""
+    lines = []
+    for cell in json.loads(notebook.read_text())["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            text = "".join(out.get("text", "")) + "".join(data.get("text/markdown", "")) + "".join(data.get("text/plain", ""))
+            lines += [numbers_in(line) for line in text.splitlines()]
+    return [line for line in lines if line]
+
+
+def numbers_in(text: str) -> list[float]:
+    return [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", text.replace("−", "-"))]
+
+
+def stored_rows() -> list[list[float]]:
+    """The numbers of every row of the committed result tables (a wide table prints its interval on
+    another line than its estimate; its CSV row holds all three)."""
+    paths = [p for p in (ROOT / "results").rglob("*.csv") if "fitness_cache" not in p.parts]
+    return [row for p in paths for row in map(numbers_in, p.read_text().splitlines()[1:]) if row]
+
+
+def matches(quoted: str, value: float) -> bool:
+    """Whether a printed value is the quoted number at the quote's precision (a percentage may be
+    printed as a fraction)."""
+    quoted = quoted.replace("−", "-").lstrip("+")
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return any(round(v, decimals) == float(quoted) for v in (value, 100 * value))
+
+
+def test_every_number_the_readme_findings_quote_is_printed_by_a_published_notebook():
+    """The README's findings quote the notebooks, which print from the stored tables. Every estimate
+    with its interval, "x [lo, hi]", must be one printed line's or one stored row's numbers at the README's precision
+    (0.196 matches a printed 0.1957, 90 % a printed 0.900), and every other measured decimal or
+    percentage a number some notebook prints. A rerun that moves a number leaves the README's copy
+    without a source, and this fails."""
+    lines = [line for path in sorted((ROOT / "notebooks").glob("*.ipynb")) for line in printed_lines(path)] + stored_rows()
+    printed = {v for line in lines for v in line}
+    lists = findings((ROOT / "README.md").read_text())
+    assert len(lists) >= 2 and all(lists)
+    unsourced = []
+    for text in lists:
+        for triple in INTERVAL.findall(text):
+            if not any(all(any(matches(q, v) for v in line) for q in triple) for line in lines):
+                unsourced.append(" ".join(triple))
+        for number in typed_numbers(INTERVAL.sub("", text)):
+            if not any(matches(number.replace("%", "").strip(), v) for v in printed):
+                unsourced.append(number)
+    assert unsourced == [], unsourced
