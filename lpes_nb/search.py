@@ -228,10 +228,12 @@ def conclusion(test_table: pd.DataFrame, diffs: pd.DataFrame, reference: pd.Data
     search_prompts = task.n * len(task.gold_positions())
     first_best, best = float(lpes.summary["best"].iloc[0]), float(lpes.summary["best"].iloc[-1])
     scales = np.asarray(lpes.best_scales)
+    # an SE of 0 (every search prompt scored alike) leaves the distance in SEs undefined
+    distance = f"{(best - ref) / se:+.1f} SE from the unmodified model" if se > 0 else f"{best - ref:+.3f} from the unmodified model (SE 0)"
     lines += ["", f"**The search.** The unmodified model scores {ref:.3f} ± {se:.3f} (SE) on the search set ({search_prompts} "
               f"prompts); the Bézier GA's best goes from {first_best:.3f} in the first generation to {best:.3f} after "
-              f"{len(lpes.summary) - 1} generations ({lpes.evaluations} evaluations), {(best - ref) / se:+.1f} SE from the "
-              f"unmodified model. Its control points {[[round(x, 2), round(y, 2)] for x, y in lpes.control_points]} give "
+              f"{len(lpes.summary) - 1} generations ({lpes.evaluations} evaluations), {distance}. "
+              f"Its control points {[[round(x, 2), round(y, 2)] for x, y in lpes.control_points]} give "
               f"scales {scales.min():.2f}–{scales.max():.2f}."]
     s = brute.summary["smoothness_mean"]
     new = brute.history.drop_duplicates("genome").groupby("generation").smoothness.mean()
