@@ -73,8 +73,10 @@ def test_bad_settings_are_refused_by_name(kwargs, match):
 
 def test_the_search_runs_where_the_deficit_is_and_pairs_every_curve(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
-    for task in ("kv", "mdqa"):  # the plumbing, not the answers: a random model's 100-token answers only cost time
-        monkeypatch.setitem(TASKS, task, replace(TASKS[task], answer_tokens=3))
+    # the plumbing, not the answers: a random model's 100-token answers only cost time; the budgets
+    # still hold every gold answer (evaluate.check_answer_budget refuses less)
+    for task, tokens in (("kv", 6), ("mdqa", 16)):
+        monkeypatch.setitem(TASKS, task, replace(TASKS[task], answer_tokens=tokens))
     table, gated = _map([("kv", 6, 100, [0.9, 0.5, 0.1, 0.5, 0.9]), ("mdqa", 5, 900, [0.5] * 5)], model="tiny-llama")
     spec = PositionMap(models=(MapModel("tiny-llama", "float32", lengths=(96,), mdqa_docs=(5,)),), n=2, batch_size=4)
     rs = RegimeSearch(TINY_GA, search_n=1, test_n=3, seeds=(0, 1))
