@@ -179,7 +179,8 @@ def token_segments(tokenizer, sample: Sample) -> list[int]:
 
 def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method | None = None,
                      settings: EvalSettings = EvalSettings(), progress: bool = True,
-                     fixed_length: bool = False, shared_prefix: bool = True, gold_logprob: bool = False) -> pd.DataFrame:
+                     fixed_length: bool = False, shared_prefix: bool = True, gold_logprob: bool = False,
+                     prefill_chunk: int | None = None) -> pd.DataFrame:
     """One row per sample: task, position, sample, correct (+ gold_logprob or prediction).
 
     The model runs under ``method`` (:mod:`lpes_nb.methods`; None: the unmodified model): every
@@ -191,7 +192,9 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
     positions) share the keys and values of their common prefix (:mod:`lpes_nb.prefix`) where the
     method and the model allow it; otherwise, and for ``fixed_length`` decoding, the plain batched
     path. ``gold_logprob`` (generate mode, shared path): also the teacher-forced log-probability of
-    the gold answer (best alias) and whether greedy decoding would start with it."""
+    the gold answer (best alias) and whether greedy decoding would start with it. ``prefill_chunk``
+    (shared path): continue each prompt from its anchor in pieces of this many tokens
+    (:func:`lpes_nb.prefix._pieces`: faster for long continuations, not bitwise equal in bf16)."""
     prompts = [encode(tokenizer, s, settings.chat) for s in samples]
     segments = None
     if method is not None and method.needs_segments:
@@ -217,10 +220,15 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
     if gold_logprob and (settings.mode != "generate" or not shared):
         raise ValueError("gold_logprob comes with generate mode on the shared-prefix path (score mode has it anyway); "
                          f"got mode={settings.mode!r}, method {method.name} shares_prefix={method.shares_prefix}")
+    prefix.check_chunk(prefill_chunk)
+    if prefill_chunk is not None and not shared:
+        raise ValueError(f"prefill_chunk={prefill_chunk} applies to the shared-prefix path, which {method.name} does not "
+                         f"take here (shared_prefix={shared_prefix}, shares_prefix={method.shares_prefix}): leave it None")
     if settings.mode == "score":
         kept = [pair for pair, ok in zip(pairs, fits) if ok]
         if shared:
-            correct, logprob = _score_shared(model, prompts, kept, record_groups(samples), method, progress, settings.batch_size)
+            correct, logprob = _score_shared(model, prompts, kept, record_groups(samples), method, progress, settings.batch_size,
+                                             prefill_chunk)
         else:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             correct, logprob = score_targets(model, [prompts[i] for i, _ in kept], [t for _, t in kept], settings.batch_size,
@@ -238,7 +246,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
             targets = ([[target_ids(tokenizer, a, settings.chat) for a in dict.fromkeys(s.answers)] for s in samples]
                        if gold_logprob else None)
             answers, scores = _generate_shared(model, tokenizer, prompts, keep, record_groups(samples), method, settings,
-                                               targets, progress)
+                                               targets, progress, prefill_chunk)
         else:
             answers = generate_answers(model, tokenizer, [prompts[i] for i in keep], settings.max_new_tokens, settings.batch_size,
                                        settings.stop_at_newline, progress, method,
@@ -273,7 +281,8 @@ def record_groups(samples: Sequence[Sample]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool, batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool, batch_size: int = 8,
+                  chunk: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`score_targets` through shared prefixes, batched across records
     (:func:`lpes_nb.prefix.prefill_many`): per (sample, target) pair, correct and log-prob."""
     correct, logprob = np.zeros(len(pairs), dtype=bool), np.zeros(len(pairs))
@@ -282,11 +291,11 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool,
         by_sample.setdefault(i, []).append(k)
     pair_groups = [ks for ks in ([k for i in group for k in by_sample.get(i, [])] for group in groups) if ks]
     with method.context(model, max(len(p) for p in prompts), None):
-        chunk = 16  # groups per call: bounds the anchors' keys and values held at once
-        for start in tqdm(range(0, len(pair_groups), chunk), desc="scoring (shared prefixes)", disable=not progress, leave=False):
-            part = pair_groups[start:start + chunk]
+        per_call = 16  # groups per call: bounds the anchors' keys and values held at once
+        for start in tqdm(range(0, len(pair_groups), per_call), desc="scoring (shared prefixes)", disable=not progress, leave=False):
+            part = pair_groups[start:start + per_call]
             logits = prefix.prefill_many(model, [[prompts[pairs[k][0]] for k in ks] for ks in part],
-                                         [[pairs[k][1] for k in ks] for ks in part], max_batch=batch_size)
+                                         [[pairs[k][1] for k in ks] for ks in part], max_batch=batch_size, chunk=chunk)
             for ks, rows_of in zip(part, logits):
                 for k, rows in zip(ks, rows_of):
                     target = torch.tensor(pairs[k][1], device=rows.device)
@@ -297,7 +306,8 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool,
 
 
 @torch.inference_mode()
-def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, settings: EvalSettings, targets, progress: bool):
+def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, settings: EvalSettings, targets, progress: bool,
+                     chunk: int | None = None):
     """:func:`generate_answers` through shared prefixes (decoding batched ``settings.batch_size`` at a
     time): the answers of the ``keep`` prompts in their order, and per sample index (gold first,
     best gold log-prob) where ``targets`` are given."""
@@ -317,7 +327,7 @@ def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, se
             group = [i for i in group if i in kept]
             if not group:
                 continue
-            logits, kvs = prefix.prefill(model, [prompts[i] for i in group])
+            logits, kvs = prefix.prefill(model, [prompts[i] for i in group], chunk=chunk)
             for i, last, kv in zip(group, logits, kvs):
                 if targets is not None:
                     judged = [prefix.continuation_logprob(model, kv, len(prompts[i]), last, t) for t in targets[i]]

@@ -90,7 +90,8 @@ def record_settings(task: str, batch_size: int) -> EvalSettings:
     return replace(settings, max_new_tokens=max(settings.max_new_tokens, ORIGINAL_ANSWER_TOKENS))
 
 
-def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str) -> RecordTable:
+def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str,
+                 prefill_chunk: int | None = None) -> RecordTable:
     """Where the map's rows of one model, dtype, task and size live, record by record."""
     settings = record_settings(task, batch_size)
     positions = list(_at_positions(TaskConfig(task, items)).positions)
@@ -102,10 +103,13 @@ def record_table(model_name: str, dtype: str, task: str, items: int, batch_size:
                   "conditions": [POSITIONAL[task]], "key_format": "uuid"}
     params |= {"max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size,
                "shared_prefix": True, "gold_logprob": True, "version": RECORDS_VERSION}
+    if prefill_chunk is not None:  # the cells stored before pieces existed keep their keys
+        params["prefill_chunk"] = prefill_chunk
     return RecordTable("position_map_records", params, profile)
 
 
-def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items: int, batch_size: int) -> list[dict]:
+def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items: int, batch_size: int,
+                prefill_chunk: int | None = None) -> list[dict]:
     """One real record in the map's record cell: its answers at the map's gold positions (MDQA with
     ``items`` documents, plus closed-book and oracle; KV with its ``items`` pairs), column
     ``condition``, each judged as the original evaluation, with the copy control and the gold
@@ -117,7 +121,8 @@ def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items
         conditions = [POSITIONAL[task]] * len(positions) + ["closed_book", "oracle"]
     else:
         samples, conditions = [kv_sample(record, g, record_id) for g in positions], [POSITIONAL[task]] * len(positions)
-    df = evaluate_samples(model, tokenizer, samples, settings=record_settings(task, batch_size), progress=False, gold_logprob=True)
+    df = evaluate_samples(model, tokenizer, samples, settings=record_settings(task, batch_size), progress=False, gold_logprob=True,
+                          prefill_chunk=prefill_chunk)
     df["condition"] = conditions
     return df.to_dict(orient="records")
 
@@ -138,24 +143,26 @@ class RecordWorker:
     items: int
     batch_size: int
     data_dir: str | None = None
+    prefill_chunk: int | None = None
 
     def __call__(self):
         model, tokenizer = load_model(self.model_name, dtype=self.dtype), load_tokenizer(self.model_name)
         data = load_records(self.task, self.items, self.data_dir)
-        return lambda r: record_rows(model, tokenizer, self.task, data[r], r, self.items, self.batch_size)
+        return lambda r: record_rows(model, tokenizer, self.task, data[r], r, self.items, self.batch_size, self.prefill_chunk)
 
 
 def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items: int, records, batch_size: int, profile: str,
                 progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
-                ray_address: str | None = None) -> pd.DataFrame:
+                ray_address: str | None = None, prefill_chunk: int | None = None) -> pd.DataFrame:
     """The map's cell of ``task`` (``"mdqa"`` with ``items`` documents, ``"kv"`` with ``items``
     pairs) on the given real records (ids into the file), each as :func:`record_rows`. Stored record
     by record as each finishes (resumable; records already stored are read, not recomputed).
     ``backend``: ``"in-process"`` evaluates with ``model`` here; ``"processes"`` / ``"ray"`` shard
     the records over ``workers`` workers of the GA's backends (:mod:`lpes_nb.distributed`), each
-    loading ``model_name`` once (``model`` may then be None); this process alone writes the store."""
-    RecordCell(model_name, dtype, items, 1, task)  # validates task and items
-    table = record_table(model_name, dtype, task, items, batch_size, profile)
+    loading ``model_name`` once (``model`` may then be None); this process alone writes the store.
+    ``prefill_chunk``: as :class:`~lpes_nb.profiles.RecordCell`'s (part of the cell's key)."""
+    RecordCell(model_name, dtype, items, 1, task, prefill_chunk)  # validates task, items and chunk
+    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk)
     records = [int(r) for r in records]
     done, data = table.done(), load_records(task, items, data_dir)
     bad = [r for r in records if not 0 <= r < len(data)]
@@ -166,9 +173,10 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
         will_compute("position_map_records", table.path)
     with ExitStack() as stack:
         if backend == "in-process" or not todo:
-            results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size) for r in todo)
+            results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size, prefill_chunk) for r in todo)
         else:
-            factory = RecordWorker(model_name, dtype, task, items, batch_size, None if data_dir is None else str(data_dir))
+            factory = RecordWorker(model_name, dtype, task, items, batch_size, None if data_dir is None else str(data_dir),
+                                   prefill_chunk)
             pool = stack.enter_context(distributed_fitness(factory, backend, workers, ray_address, progress=False))
             results = pool.map_items(todo)
         for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"{task}-{items} records, {model_name}",
@@ -183,12 +191,12 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
     out, loaded = {}, {}
     for cell in spec.record_cells:
         dtype = str(resolve_dtype(cell.dtype)).removeprefix("torch.")
-        table = record_table(cell.model, dtype, cell.task, cell.items, spec.batch_size, profile)
+        table = record_table(cell.model, dtype, cell.task, cell.items, spec.batch_size, profile, cell.prefill_chunk)
         if not set(range(cell.n)) <= table.done() and (cell.model, dtype) not in loaded:
             loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
         model, tokenizer = loaded.get((cell.model, dtype), (None, None))
         frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
-                            progress)
+                            progress, prefill_chunk=cell.prefill_chunk)
         out[cell.name] = frame.assign(model=cell.model, dtype=dtype)
     return out
 
@@ -412,6 +420,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--docs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--prefill-chunk", type=int, metavar="T", help="record cells: continue each prompt from its "
+                        "shared prefix in pieces of T tokens (faster for long prompts; part of the cell's key: give it "
+                        "on every run of that cell)")
     parser.add_argument("--backend", default="in-process", choices=["in-process", "processes", "ray"],
                         help="--mdqa-records: shard the records over local processes or Ray actors")
     parser.add_argument("--workers", type=int, default=2, help="processes or Ray actors, each loading the model once")
@@ -426,7 +437,8 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer = (load_model(name, dtype=args.dtype), load_tokenizer(name)) if here else (None, None)
         dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
         df = record_cell(model, tokenizer, name, dtype, task, items, range(n), args.batch_size, args.profile,
-                         backend=args.backend, workers=args.workers, ray_address=args.ray_address)
+                         backend=args.backend, workers=args.workers, ray_address=args.ray_address,
+                         prefill_chunk=args.prefill_chunk)
         print(df.groupby(["condition", "position"])[["correct", "gold_logprob"]].mean().round(3).to_string())
         return
     spec = named_profile(args.profile).position_map

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, replace
 
 from .data import KV_FILES, KV_RECORDS, MDQA_RECORDS
 from .ga import GAConfig
+from .prefix import check_chunk
 from .tasks import EvalSettings, TaskConfig
 
 
@@ -45,13 +46,16 @@ POSITIONAL = {"mdqa": "documents", "kv": "pairs"}  # the condition of the rows w
 class RecordCell:
     """A cell computed record by record (:func:`record_cell`) on the first ``n`` real records: MDQA
     with ``items`` documents (2-20; with closed-book and oracle answers) or the original UUID KV
-    retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability."""
+    retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability;
+    ``prefill_chunk``: continuations from the shared prefix in pieces of this many tokens
+    (:func:`lpes_nb.prefix._pieces`; None: one pass, as the cells stored before it)."""
 
     model: str
     dtype: str
     items: int
     n: int
     task: str = "mdqa"
+    prefill_chunk: int | None = None
 
     def __post_init__(self):
         if self.task not in RECORD_TASKS:
@@ -63,6 +67,7 @@ class RecordCell:
         most = RECORD_TASKS[self.task]
         if not isinstance(self.n, int) or not 1 <= self.n <= most:
             raise ValueError(f"RecordCell.n must be an integer in [1, {most}] (the real {self.task} records), got {self.n!r}")
+        check_chunk(self.prefill_chunk)
 
     @property
     def name(self) -> str:

@@ -92,10 +92,31 @@ def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
     (dict(items=21, n=2), r"items must be one of \[2, 20\] documents .*got 21"),
     (dict(items=75, n=501, task="kv"), r"n must be an integer in \[1, 500\] .*got 501"),
     (dict(items=20, n=442), r"n must be an integer in \[1, 441\] .*got 442"),
+    (dict(items=20, n=2, prefill_chunk=0), r"prefill_chunk must be None \(one pass\) or an integer >= 1 .*got 0"),
 ])
 def test_record_cell_refuses_what_the_files_do_not_hold(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RecordCell("m", "float32", **kwargs)
+
+
+def test_a_chunked_record_cell_is_stored_apart_and_agrees_in_float32(tmp_path, monkeypatch):
+    """Continuations in pieces are exact up to summation order (float32: same answers) but not
+    bitwise equal in bf16, so a chunked cell lives under its own key; the cells stored before pieces
+    existed keep theirs (the committed MDQA-20 cell's key is pinned here)."""
+    from lpes_nb.data import data_dir
+    from lpes_nb.models import load_model, load_tokenizer
+
+    assert position_map.record_table("qwen2.5-coder-0.5b", "bfloat16", "mdqa", 20, 8, "cpu").path.name == \
+        "position_map_records-f967aa07914726c1c6a3.jsonl"
+    if not (data_dir() / "mdqa").is_dir():
+        pytest.skip("needs the real MDQA records (../shared/data)")
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    whole, pieces = (position_map.record_cell(model, tokenizer, "tiny-llama", "float32", "mdqa", 5, range(2), 4, "smoke",
+                                              progress=False, prefill_chunk=chunk) for chunk in (None, 16))
+    assert list(pieces["prediction"]) == list(whole["prediction"])
+    np.testing.assert_allclose(pieces["gold_logprob"], whole["gold_logprob"], rtol=1e-5, atol=1e-5)
+    assert len(list(tmp_path.rglob("position_map_records-*.jsonl"))) == 2
 
 
 def test_paper_curves_are_the_papers_tables():

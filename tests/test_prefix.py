@@ -39,25 +39,58 @@ def _kv_samples(num_items: int, n: int = 2):
 
 
 def _compare(model, tokenizer, samples, methods):
-    """Shared vs plain: last-token logits of every prompt, generate-mode answers, score-mode results."""
+    """Shared (in one pass, and in 7-token pieces: a remainder piece, several full ones) vs plain:
+    last-token logits of every prompt, generate-mode answers, score-mode results."""
     prompts = [encode(tokenizer, s) for s in samples]
+    generate, score = TASKS["kv"].settings(batch_size=4), EvalSettings(mode="score", batch_size=4)
     for method in methods:
-        with torch.inference_mode(), method.context(model, max(map(len, prompts)), None):
-            logits, _ = prefix.prefill(model, prompts)
-            for p, shared in zip(prompts, logits):
-                plain = model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1]
-                assert (shared[-1] - plain).abs().max() < 1e-4, method.name
-        generate = TASKS["kv"].settings(batch_size=4)
-        a = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, shared_prefix=False, progress=False)
-        b = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, shared_prefix=True, progress=False)
-        assert b.attrs["shared_prefix"] and not a.attrs["shared_prefix"]
-        assert a["prediction"].tolist() == b["prediction"].tolist(), method.name
-        assert a["truncated"].tolist() == b["truncated"].tolist()
-        score = EvalSettings(mode="score", batch_size=4)
-        a = evaluate_samples(model, tokenizer, samples, settings=score, method=method, shared_prefix=False, progress=False)
-        b = evaluate_samples(model, tokenizer, samples, settings=score, method=method, shared_prefix=True, progress=False)
-        assert a["correct"].tolist() == b["correct"].tolist()
-        assert np.abs(a["gold_logprob"] - b["gold_logprob"]).max() < 1e-4
+        plain_gen = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, shared_prefix=False, progress=False)
+        plain_score = evaluate_samples(model, tokenizer, samples, settings=score, method=method, shared_prefix=False, progress=False)
+        assert not plain_gen.attrs["shared_prefix"]
+        for chunk in (None, 7):
+            with torch.inference_mode(), method.context(model, max(map(len, prompts)), None):
+                logits, _ = prefix.prefill(model, prompts, chunk=chunk)
+                for p, shared in zip(prompts, logits):
+                    plain = model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1]
+                    assert (shared[-1] - plain).abs().max() < 1e-4, (method.name, chunk)
+            b = evaluate_samples(model, tokenizer, samples, settings=generate, method=method, progress=False, prefill_chunk=chunk)
+            assert b.attrs["shared_prefix"]
+            assert plain_gen["prediction"].tolist() == b["prediction"].tolist(), (method.name, chunk)
+            assert plain_gen["truncated"].tolist() == b["truncated"].tolist()
+            b = evaluate_samples(model, tokenizer, samples, settings=score, method=method, progress=False, prefill_chunk=chunk)
+            assert plain_score["correct"].tolist() == b["correct"].tolist()
+            assert np.abs(plain_score["gold_logprob"] - b["gold_logprob"]).max() < 1e-4
+
+
+def test_pieces_cover_the_continuation_and_end_with_the_kept_logits():
+    calls = []
+
+    class Recorder:
+        def __call__(self, input_ids, position_ids, past_key_values, use_cache, attention_mask, logits_to_keep):
+            calls.append((position_ids[0, 0].item(), position_ids[0, -1].item() + 1, logits_to_keep,
+                          None if attention_mask is None else attention_mask.shape[1]))
+            return type("Out", (), {"past_key_values": past_key_values})()
+
+    ids, positions = torch.zeros(1, 20, dtype=torch.long), torch.arange(30, 50)[None]
+    prefix._pieces(Recorder(), ids, positions, None, keep=3, chunk=8, mask=torch.ones(1, 50))
+    # 20 new tokens after 30 cached: 8, a 4-token remainder and the last 8 holding the 3 kept logits; the
+    # mask grows with the cache
+    assert calls == [(30, 38, 1, 38), (38, 42, 1, 42), (42, 50, 3, 50)]
+    calls.clear()
+    prefix._pieces(Recorder(), ids, positions, None, keep=12, chunk=8)  # the last piece holds all kept logits
+    assert calls == [(30, 38, 1, None), (38, 50, 12, None)]
+    calls.clear()
+    prefix._pieces(Recorder(), ids, positions, None, keep=1, chunk=None)
+    assert calls == [(30, 50, 1, None)]
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="prefill_chunk must be None"):
+            prefix._pieces(Recorder(), ids, positions, None, keep=1, chunk=bad)
+
+
+def test_a_chunk_on_the_plain_path_is_refused(tokenizer):
+    model = load_model("tiny-llama")
+    with pytest.raises(ValueError, match="prefill_chunk=64 applies to the shared-prefix path"):
+        evaluate_samples(model, tokenizer, _kv_samples(8), method=MsPoE(), prefill_chunk=64, progress=False)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
