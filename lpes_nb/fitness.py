@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .evaluate import evaluate_samples
 from .methods import LayerScales
-from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, u_shape_rho
+from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, u_shape_rho
 from .models import model_fingerprint
 from .results import ResultCache, cache_key
 from .tasks import EvalSettings
@@ -46,12 +46,16 @@ def position_tables(per_sample: pd.DataFrame) -> pd.DataFrame:
                       for label, g in per_sample.groupby("method", sort=False)], ignore_index=True)
 
 
-def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
-    """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last."""
+def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, value: str = "correct") -> float:
+    """λ_B·acc(begin) + λ_M·acc(middle) + λ_E·acc(end): positions sorted, the first / median / last.
+    ``value="gold_logprob"``: the same weights over the gold answer's mean log-probability (the
+    cheaper fitness :func:`proxy_agreement` validates)."""
     if df.empty:
         raise ValueError(f"no evaluated samples to score ({df.attrs.get('skipped', 0)} skipped as longer than the model's "
                          "positions): shorten the task (num_items) or use a model with a longer window")
-    acc = df.groupby("position")["correct"].mean().sort_index()
+    if value not in df:
+        raise ValueError(f"no column {value!r} to weight; have {list(df.columns)}")
+    acc = df.groupby("position")[value].mean().sort_index()
     if len(acc) != 3:
         raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")
     return float(np.dot(lambdas, acc.to_numpy()))
@@ -106,6 +110,19 @@ def paired_differences(per_sample: pd.DataFrame, references: Sequence[str] = ("b
     rows = [paired_fitness_difference(per_sample, m, ref, lambdas)
             for k, ref in enumerate(refs) for m in methods if m != ref and m not in refs[:k]]
     return pd.DataFrame(rows)
+
+
+def proxy_agreement(tables: Sequence[pd.DataFrame], proxy_tables: Sequence[pd.DataFrame] | None = None,
+                    proxy_value: str = "gold_logprob", lambdas: Sequence[float] = LAMBDAS) -> dict:
+    """Rank agreement (:func:`lpes_nb.metrics.rank_agreement`) of a cheaper fitness with the real one
+    over candidates: per candidate, the real λ-accuracy of its per-sample table in ``tables`` and
+    the proxy, the λ-weighted ``proxy_value`` of ``proxy_tables`` (a shorter task, fewer records;
+    default the same tables: generate mode with ``gold_logprob`` yields both in one run)."""
+    proxy_tables = tables if proxy_tables is None else proxy_tables
+    if len(proxy_tables) != len(tables):
+        raise ValueError(f"one proxy table per candidate: {len(tables)} real, {len(proxy_tables)} proxy")
+    return rank_agreement([weighted_fitness(t, lambdas) for t in tables],
+                          [weighted_fitness(t, lambdas, proxy_value) for t in proxy_tables])
 
 
 class PositionFitness:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest, norm
+from scipy.stats import binomtest, norm, spearmanr
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -151,6 +151,34 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, confidence: float 
     means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
     alpha = (1 - confidence) / 2
     return float(v.mean()), float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+PROXY_CANDIDATES = 15  # the fewest candidates a cheaper fitness is validated on (LPES issue: "over >= 15")
+
+
+def rank_agreement(real: Sequence[float], proxy: Sequence[float], confidence: float = 0.95,
+                   minimum: int = PROXY_CANDIDATES) -> dict:
+    """How well a cheaper fitness ranks candidates as the real one does: Spearman's ρ over the
+    candidates, its interval from Fisher's z with the Fieller–Hartley–Pearson variance 1.06 / (n − 3)
+    (the rank correlation's, wider than Pearson's 1 / (n − 3)), its p-value, and n. A search may use
+    the proxy only where the interval's lower end is high enough for the purpose: at n = 15 a
+    measured ρ of 0.9 gives about [0.71, 0.97]."""
+    a, b = np.asarray(real, dtype=float), np.asarray(proxy, dtype=float)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"real and proxy need one value per candidate each, got shapes {a.shape} and {b.shape}")
+    if len(a) < minimum:
+        raise ValueError(f"rank_agreement needs >= {minimum} candidates, got {len(a)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("rank_agreement got non-finite fitness values")
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        raise ValueError(f"a fitness is the same for every candidate (real spread {np.ptp(a):g}, proxy spread {np.ptp(b):g}): "
+                         "ranks cannot agree or disagree; draw candidates that differ")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    rho, p = spearmanr(a, b)
+    z, half = np.arctanh(np.clip(rho, -0.999999, 0.999999)), norm.ppf(0.5 + confidence / 2) * np.sqrt(1.06 / (len(a) - 3))
+    return {"rho": float(rho), "ci_low": float(np.tanh(z - half)), "ci_high": float(np.tanh(z + half)),
+            "p": float(p), "candidates": len(a)}
 
 
 def is_binary(values) -> bool:

@@ -29,6 +29,7 @@ from lpes_nb.metrics import (
     normalize_answer,
     passkey_correct,
     perplexity,
+    rank_agreement,
     u_shape_rho,
 )
 
@@ -197,3 +198,13 @@ def test_bootstrap_ci_and_accuracy_table():
     table = accuracy_table(df)
     assert table["n"].tolist() == [3, 2] and table["mean"].tolist() == pytest.approx([2 / 3, 0.0])
     assert (table["ci_low"] <= table["mean"]).all() and (table["mean"] <= table["ci_high"]).all()
+
+
+def test_rank_agreement_uses_the_rank_correlations_own_variance():
+    # Σd² = 56 over 15 candidates: ρ = 1 − 6·56 / (15·224) = 0.9; Fisher z with 1.06 / 12 (Pearson's
+    # 1 / 12 would give [0.72, 0.97])
+    got = rank_agreement(range(15), [4, 1, 0, 5, 2, 3, 8, 7, 6, 11, 10, 9, 14, 13, 12])
+    assert got["rho"] == pytest.approx(0.9)
+    assert (round(got["ci_low"], 3), round(got["ci_high"], 3)) == (0.711, 0.968)
+    with pytest.raises(ValueError, match=r"one value per candidate each, got shapes \(15,\) and \(14,\)"):
+        rank_agreement(range(15), range(14))

@@ -12,6 +12,7 @@ from lpes_nb.fitness import (
     PositionFitness,
     paired_fitness_difference,
     position_table,
+    proxy_agreement,
     weighted_fitness,
 )
 from lpes_nb.results import ResultCache
@@ -80,3 +81,30 @@ def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, t
     scored = evaluate_samples(tiny_llama, tokenizer, samples, LayerScales(scales), EvalSettings(), progress=False)
     assert broken(np.array([scales]))[0] == pytest.approx(plain + 1e-3 * scored["gold_logprob"].mean())
     assert len(list(tmp_path.glob("*.csv"))) == 2  # the generated answers and the scoring pass, each cached
+
+
+def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
+    """One candidate's per-sample table at 3 positions: ``accuracy`` correct, gold log-prob ``logprob``."""
+    k = round(accuracy * records)
+    return pd.DataFrame([{"position": p, "num_items": 3, "sample": r, "correct": float(r < k), "gold_logprob": logprob}
+                         for p in (0, 1, 2) for r in range(records)])
+
+
+def test_proxy_agreement_ranks_candidates_by_both_fitnesses():
+    accuracies = np.linspace(0.1, 0.9, 15)
+    faithful = [_candidate_table(a, -3 + 2 * a) for a in accuracies]  # log-prob rises with accuracy
+    got = proxy_agreement(faithful)
+    assert got["rho"] == pytest.approx(1.0) and got["ci_low"] > 0.9 and got["candidates"] == 15
+    shuffled = [_candidate_table(a, lp) for a, lp in zip(accuracies, np.random.default_rng(3).permutation(-3 + 2 * accuracies))]
+    got = proxy_agreement(shuffled)
+    assert got["ci_low"] < 0 < got["ci_high"] and got["ci_high"] - got["ci_low"] > 0.8  # 15 candidates say little
+    # a proxy from other tables (a shorter task): one per candidate
+    assert proxy_agreement(faithful, shuffled)["rho"] == pytest.approx(got["rho"])
+    with pytest.raises(ValueError, match="one proxy table per candidate: 15 real, 14 proxy"):
+        proxy_agreement(faithful, shuffled[:14])
+    with pytest.raises(ValueError, match=r"needs >= 15 candidates, got 14"):
+        proxy_agreement(faithful[:14])
+    with pytest.raises(ValueError, match="same for every candidate"):
+        proxy_agreement([_candidate_table(0.5, lp) for lp in range(15)])
+    with pytest.raises(ValueError, match="no column 'gold_logprob'"):
+        weighted_fitness(faithful[0].drop(columns="gold_logprob"), value="gold_logprob")
