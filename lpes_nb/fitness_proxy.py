@@ -1,0 +1,121 @@
+"""Is a cheaper fitness good enough to search with? The check the LPES test (issue "LPES at power")
+asks for before a search may use one: over ``k`` >= 15 candidate curves, the rank correlation of the
+real fitness (λ-weighted accuracy at begin / middle / end, answers generated and judged as the
+original evaluation) with the proxy (the same weights over the gold answer's teacher-forced
+log-probability), Spearman's ρ with its interval (:func:`lpes_nb.fitness.proxy_agreement`).
+
+The candidates are drawn uniformly from the search's Bézier space (seeded), and evaluated on the
+*search* part of the data split only (:mod:`lpes_nb.splits`). One generate-mode run with the gold
+log-probability beside gives both fitnesses. Every (candidate, record) is stored as it finishes
+(one record table per candidate), so a stopped run resumes at the next record.
+
+Run: ``python -m lpes_nb.fitness_proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16
+--prefill-chunk 512`` (Qwen by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from . import splits
+from .data import kv_sample, mdqa_sample
+from .evaluate import evaluate_samples
+from .fitness import proxy_agreement, weighted_fitness
+from .methods import LayerScales
+from .models import QWEN, load_model, load_tokenizer, resolve_dtype
+from .position_map import load_records, record_settings
+from .prefix import check_chunk
+from .results import RecordTable, output_dir, will_compute, write_csv, write_json
+from .search import bezier_space
+
+DATASETS = {"mdqa20": ("mdqa", 20), "kv75": ("kv", 75), "kv140": ("kv", 140)}  # split name -> task, items in the file
+VERSION = 1  # bump when the code behind a stored record changes
+
+
+def fitness_positions(items: int) -> tuple[int, int, int]:
+    """Begin, middle, end: the fitness's three gold positions (the middle as the map's, round((items − 1) / 2))."""
+    return 0, round((items - 1) / 2), items - 1
+
+
+def candidates(model, k: int, seed: int = 0) -> list[list[float]]:
+    """``k`` per-layer scale curves drawn uniformly from the search's Bézier space."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1 (candidates), got {k!r}")
+    space, rng = bezier_space(model), np.random.default_rng(seed)
+    return [[round(float(s), 10) for s in space.decode(space.random(rng))] for _ in range(k)]
+
+
+def candidate_table(model_name: str, dtype: str, dataset: str, items: int, scales, batch_size: int, profile: str,
+                    prefill_chunk: int | None) -> RecordTable:
+    """Where one candidate's rows live, record by record."""
+    settings = record_settings(DATASETS[dataset][0], batch_size)
+    params = {"model": model_name, "dtype": dtype, "dataset": dataset, "items": items, "positions": list(fitness_positions(items)),
+              "scales": list(scales), "max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline,
+              "batch_size": batch_size, "prefill_chunk": prefill_chunk, "version": VERSION}
+    return RecordTable("fitness_proxy_records", params, profile)
+
+
+def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: int, seed: int = 0, items: int | None = None,
+        batch_size: int = 8, prefill_chunk: int | None = None, profile: str = "cpu", data_dir=None,
+        progress: bool = True) -> tuple[pd.DataFrame, dict]:
+    """The ``k`` candidates on the first ``n`` records of ``dataset``'s search part (MDQA with ``items``
+    documents, default the file's 20; KV with all the file's pairs): per candidate its real and
+    proxy fitness, and their rank agreement."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
+    task, in_file = DATASETS[dataset]
+    items = in_file if items is None else items
+    if task == "kv" and items != in_file:
+        raise ValueError(f"{dataset} records hold {in_file} pairs, each prompt all of them; got items={items}")
+    if task == "mdqa" and not 3 <= items <= in_file:
+        raise ValueError(f"items must be in [3, {in_file}] documents for {dataset}, got {items}")
+    check_chunk(prefill_chunk)
+    ids, data, positions = splits.records(dataset, "search", n), load_records(task, in_file, data_dir), fitness_positions(items)
+    rows, tables = [], []
+    for c, scales in enumerate(tqdm(candidates(model, k, seed), desc="candidates", disable=not progress)):
+        table = candidate_table(model_name, dtype, dataset, items, scales, batch_size, profile, prefill_chunk)
+        todo = [r for r in ids if r not in table.done()]
+        if todo:
+            will_compute("fitness_proxy_records", table.path)
+        for r in tqdm(todo, desc=f"candidate {c}", disable=not progress, leave=False):
+            samples = [mdqa_sample(data[r], g, items, r) if task == "mdqa" else kv_sample(data[r], g, r) for g in positions]
+            df = evaluate_samples(model, tokenizer, samples, LayerScales(scales), record_settings(task, batch_size), progress=False,
+                                  gold_logprob=True, prefill_chunk=prefill_chunk)
+            table.append(r, df.to_dict(orient="records"))
+        tables.append(table.frame(ids))
+        rows.append({"candidate": c, "real": weighted_fitness(tables[-1]), "proxy": weighted_fitness(tables[-1], value="gold_logprob"),
+                     "records": len(ids), "scales": scales})
+    return pd.DataFrame(rows), proxy_agreement(tables)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.fitness_proxy", description=__doc__)
+    parser.add_argument("--dataset", default="mdqa20", choices=sorted(DATASETS))
+    parser.add_argument("--items", type=int, help="MDQA: documents per prompt (default the file's 20)")
+    parser.add_argument("--candidates", type=int, default=15)
+    parser.add_argument("--records", type=int, default=20, help="the first N records of the search part")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=QWEN)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--prefill-chunk", type=int, metavar="T")
+    parser.add_argument("--profile", default="cpu")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)
+    dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+    per_candidate, agreement = run(model, tokenizer, args.model, dtype, args.dataset, args.candidates, args.records, args.seed,
+                                   args.items, args.batch_size, args.prefill_chunk, args.profile)
+    stem = output_dir("results", args.profile) / f"fitness_proxy_{args.dataset}_{args.items or DATASETS[args.dataset][1]}_{args.model}_{dtype}"
+    write_csv(stem.with_suffix(".csv"), per_candidate)
+    write_json(stem.with_suffix(".json"), {**agreement, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
+    print(per_candidate.drop(columns="scales").round(4).to_string(index=False))
+    print(f"Spearman rho {agreement['rho']:.3f} [{agreement['ci_low']:.3f}, {agreement['ci_high']:.3f}] over "
+          f"{agreement['candidates']} candidates, {args.records} records each")
+
+
+if __name__ == "__main__":
+    main()
