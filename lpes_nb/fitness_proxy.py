@@ -7,7 +7,8 @@ log-probability), Spearman's ρ with its interval (:func:`lpes_nb.fitness.proxy_
 The candidates are drawn uniformly from the search's Bézier space (seeded), and evaluated on the
 *search* part of the data split only (:mod:`lpes_nb.splits`). One generate-mode run with the gold
 log-probability beside gives both fitnesses. Every (candidate, record) is stored as it finishes
-(one record table per candidate), so a stopped run resumes at the next record.
+(one record table per candidate), record by record with every candidate on it, so a stopped run
+resumes where it stopped and what it holds already ranks all candidates.
 
 Run: ``python -m lpes_nb.fitness_proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16
 --prefill-chunk 512`` (Qwen by default).
@@ -75,20 +76,22 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
         raise ValueError(f"items must be in [3, {in_file}] documents for {dataset}, got {items}")
     check_chunk(prefill_chunk)
     ids, data, positions = splits.records(dataset, "search", n), load_records(task, in_file, data_dir), fitness_positions(items)
-    rows, tables = [], []
-    for c, scales in enumerate(tqdm(candidates(model, k, seed), desc="candidates", disable=not progress)):
-        table = candidate_table(model_name, dtype, dataset, items, scales, batch_size, profile, prefill_chunk)
-        todo = [r for r in ids if r not in table.done()]
-        if todo:
+    pool = [(scales, candidate_table(model_name, dtype, dataset, items, scales, batch_size, profile, prefill_chunk))
+            for scales in candidates(model, k, seed)]
+    # record by record, every candidate on it: a run stopped at any moment holds all candidates on
+    # the records it finished, which already rank them
+    for r in tqdm(ids, desc=f"{dataset} search records x {k} candidates", disable=not progress):
+        for scales, table in pool:
+            if r in table.done():
+                continue
             will_compute("fitness_proxy_records", table.path)
-        for r in tqdm(todo, desc=f"candidate {c}", disable=not progress, leave=False):
             samples = [mdqa_sample(data[r], g, items, r) if task == "mdqa" else kv_sample(data[r], g, r) for g in positions]
             df = evaluate_samples(model, tokenizer, samples, LayerScales(scales), record_settings(task, batch_size), progress=False,
                                   gold_logprob=True, prefill_chunk=prefill_chunk)
             table.append(r, df.to_dict(orient="records"))
-        tables.append(table.frame(ids))
-        rows.append({"candidate": c, "real": weighted_fitness(tables[-1]), "proxy": weighted_fitness(tables[-1], value="gold_logprob"),
-                     "records": len(ids), "scales": scales})
+    tables = [table.frame(ids) for _, table in pool]
+    rows = [{"candidate": c, "real": weighted_fitness(t), "proxy": weighted_fitness(t, value="gold_logprob"), "records": len(ids),
+             "scales": scales} for c, ((scales, _), t) in enumerate(zip(pool, tables))]
     return pd.DataFrame(rows), proxy_agreement(tables)
 
 
