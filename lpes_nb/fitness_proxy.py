@@ -10,8 +10,8 @@ log-probability beside gives both fitnesses. Every (candidate, record) is stored
 (one record table per candidate), record by record with every candidate on it, so a stopped run
 resumes where it stopped and what it holds already ranks all candidates.
 
-Run: ``python -m lpes_nb.fitness_proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16
---prefill-chunk 512`` (Qwen by default).
+Run: ``python -m lpes_nb.fitness_proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16``
+(Qwen by default).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .search import bezier_space
 
 DATASETS = {"mdqa20": ("mdqa", 20), "kv75": ("kv", 75), "kv140": ("kv", 140)}  # split name -> task, items in the file
 VERSION = 1  # bump when the code behind a stored record changes
+PREFILL_CHUNK = 512  # continuations in pieces (lpes_nb.prefix._pieces): a new study has no one-pass cells to match
 
 
 def fitness_positions(items: int) -> tuple[int, int, int]:
@@ -61,7 +62,7 @@ def candidate_table(model_name: str, dtype: str, dataset: str, items: int, scale
 
 
 def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: int, seed: int = 0, items: int | None = None,
-        batch_size: int = 8, prefill_chunk: int | None = None, profile: str = "cpu", data_dir=None,
+        batch_size: int = 8, prefill_chunk: int | None = PREFILL_CHUNK, profile: str = "cpu", data_dir=None,
         progress: bool = True) -> tuple[pd.DataFrame, dict]:
     """The ``k`` candidates on the first ``n`` records of ``dataset``'s search part (MDQA with ``items``
     documents, default the file's 20; KV with all the file's pairs): per candidate its real and
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=QWEN)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--prefill-chunk", type=int, metavar="T")
+    parser.add_argument("--prefill-chunk", type=int, metavar="T", default=PREFILL_CHUNK)
     parser.add_argument("--profile", default="cpu")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)

@@ -32,7 +32,7 @@ def test_the_check_runs_on_the_search_part_stores_each_record_and_resumes(tmp_pa
     assert len(stored) == 15  # one record table per candidate
     search = set(splits.records("mdqa20", "search", 2))
     table = fitness_proxy.candidate_table("tiny-llama", "float32", "mdqa20", 5, fitness_proxy.candidates(model, 15)[0], 4,
-                                          "smoke", None)
+                                          "smoke", fitness_proxy.PREFILL_CHUNK)
     assert table.done() == search  # the search part's records, and only those
     frame = table.frame(sorted(search))
     assert sorted(frame["position"].unique()) == [0, 2, 4] and frame["gold_logprob"].notna().all()
