@@ -81,9 +81,10 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
             for scales in candidates(model, k, seed)]
     # record by record, every candidate on it: a run stopped at any moment holds all candidates on
     # the records it finished, which already rank them
+    done = [table.done() for _, table in pool]  # read each store once, not once per record
     for r in tqdm(ids, desc=f"{dataset} search records x {k} candidates", disable=not progress):
-        for scales, table in pool:
-            if r in table.done():
+        for (scales, table), stored in zip(pool, done):
+            if r in stored:
                 continue
             will_compute("fitness_proxy_records", table.path)
             samples = [mdqa_sample(data[r], g, items, r) if task == "mdqa" else kv_sample(data[r], g, r) for g in positions]
