@@ -23,11 +23,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from . import splits
-from .data import kv_sample, mdqa_sample
+from .data import kv_sample, mdqa_sample, positions_for
 from .evaluate import evaluate_samples
 from .fitness import proxy_agreement, weighted_fitness
 from .methods import LayerScales
-from .models import QWEN, load_model, load_tokenizer, resolve_dtype
+from .models import QWEN, load_model, load_tokenizer, model_key, resolve_dtype
 from .position_map import load_records, record_settings
 from .prefix import check_chunk
 from .results import RecordTable, output_dir, will_compute, write_csv, write_json
@@ -39,8 +39,8 @@ PREFILL_CHUNK = 512  # continuations in pieces (lpes_nb.prefix._pieces): a new s
 
 
 def fitness_positions(items: int) -> tuple[int, int, int]:
-    """Begin, middle, end: the fitness's three gold positions (the middle as the map's, round((items − 1) / 2))."""
-    return 0, round((items - 1) / 2), items - 1
+    """Begin, middle, end: the three gold positions the search's fitness uses (also the map's first, middle, last)."""
+    return tuple(positions_for(items, 3))
 
 
 def candidates(model, k: int, seed: int = 0) -> list[list[float]]:
@@ -52,10 +52,10 @@ def candidates(model, k: int, seed: int = 0) -> list[list[float]]:
 
 
 def candidate_table(model_name: str, dtype: str, dataset: str, items: int, scales, batch_size: int, profile: str,
-                    prefill_chunk: int | None) -> RecordTable:
-    """Where one candidate's rows live, record by record."""
+                    prefill_chunk: int | None, model=None) -> RecordTable:
+    """Where one candidate's rows live, record by record (``model``: as :func:`lpes_nb.position_map.record_table`'s)."""
     settings = record_settings(DATASETS[dataset][0], batch_size)
-    params = {"model": model_name, "dtype": dtype, "dataset": dataset, "items": items, "positions": list(fitness_positions(items)),
+    params = {**model_key(model_name, model, dtype), "dataset": dataset, "items": items, "positions": list(fitness_positions(items)),
               "scales": list(scales), "max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline,
               "batch_size": batch_size, "prefill_chunk": prefill_chunk, "version": VERSION}
     return RecordTable("fitness_proxy_records", params, profile)
@@ -77,7 +77,7 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
         raise ValueError(f"items must be in [3, {in_file}] documents for {dataset}, got {items}")
     check_chunk(prefill_chunk)
     ids, data, positions = splits.records(dataset, "search", n), load_records(task, in_file, data_dir), fitness_positions(items)
-    pool = [(scales, candidate_table(model_name, dtype, dataset, items, scales, batch_size, profile, prefill_chunk))
+    pool = [(scales, candidate_table(model_name, dtype, dataset, items, scales, batch_size, profile, prefill_chunk, model))
             for scales in candidates(model, k, seed)]
     # record by record, every candidate on it: a run stopped at any moment holds all candidates on
     # the records it finished, which already rank them

@@ -8,8 +8,9 @@ copy under the cache directory (``$LPES_CACHE_DIR``, default ``~/.cache/lpes_nb`
 
 from __future__ import annotations
 
-import hashlib
 import argparse
+import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -308,6 +309,23 @@ def model_fingerprint(model: PreTrainedModel) -> str:
         digest.update(name.encode() + str(tuple(p.shape)).encode())
         digest.update(p.detach().flatten()[:256].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def model_key(name: str, model: PreTrainedModel | None = None, dtype: str | torch.dtype | None = None) -> dict:
+    """The model part of every cached result's parameters: its name, dtype and weight fingerprint
+    (:func:`model_fingerprint`), so that two models sharing a name, or one model in two dtypes, never
+    share a stored result. Pass the loaded ``model``; without it, ``name`` is loaded in ``dtype``
+    (default float32) once per process, for a study that keys its results before its workers load it."""
+    if model is None:
+        return dict(_model_key(name, str(resolve_dtype(dtype) or torch.float32)))
+    if dtype is not None and resolve_dtype(dtype) != model.dtype:
+        raise ValueError(f"model {name!r} is loaded in {model.dtype}, but its results were asked for in dtype {dtype!r}")
+    return {"model": name, "dtype": str(model.dtype).removeprefix("torch."), "weights": model_fingerprint(model)}
+
+
+@functools.lru_cache(maxsize=None)
+def _model_key(name: str, dtype: str) -> dict:
+    return model_key(name, load_model(name, dtype=getattr(torch, dtype.removeprefix("torch."))))
 
 
 # what a model's RoPE scales depend on: scales searched on one model mean nothing on another (other

@@ -28,7 +28,7 @@ from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
 from .metrics import proportion_ci, u_shape_rho
-from .models import load_model, load_tokenizer, resolve_dtype
+from .models import load_model, load_tokenizer, model_key, resolve_dtype
 from .position_gate import gate
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
@@ -74,7 +74,7 @@ def cell_samples(model, tokenizer, model_name: str, dtype: str, cfg: TaskConfig,
                  progress: bool = True) -> pd.DataFrame:
     """The per-sample table of one cell (computed once, then read from the store)."""
     settings = TASKS[cfg.task].settings(batch_size)
-    params = {"model": model_name, "dtype": dtype, "task": repr(cfg), "settings": repr(settings), "version": VERSION}
+    params = {**model_key(model_name, model, dtype), "task": repr(cfg), "settings": repr(settings), "version": VERSION}
     return cached_table("position_map_samples", params,
                         lambda: evaluate_samples(model, tokenizer, cfg.samples(), settings=settings, progress=progress),
                         profile)
@@ -91,15 +91,16 @@ def record_settings(task: str, batch_size: int) -> EvalSettings:
 
 
 def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str,
-                 prefill_chunk: int | None = None) -> RecordTable:
-    """Where the map's rows of one model, dtype, task and size live, record by record."""
+                 prefill_chunk: int | None = None, model=None) -> RecordTable:
+    """Where the map's rows of one model, dtype, task and size live, record by record (``model``:
+    ``model_name`` loaded in ``dtype``, where the caller holds it; else it is loaded for its key)."""
     settings = record_settings(task, batch_size)
     positions = list(_at_positions(TaskConfig(task, items)).positions)
     if task == "mdqa":
-        params = {"model": model_name, "dtype": dtype, "task": "mdqa", "num_docs": items, "positions": positions,
+        params = {**model_key(model_name, model, dtype), "task": "mdqa", "num_docs": items, "positions": positions,
                   "conditions": ["documents", "closed_book", "oracle"]}
     else:
-        params = {"model": model_name, "dtype": dtype, "task": task, "num_pairs": items, "positions": positions,
+        params = {**model_key(model_name, model, dtype), "task": task, "num_pairs": items, "positions": positions,
                   "conditions": [POSITIONAL[task]], "key_format": "uuid"}
     params |= {"max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size,
                "shared_prefix": True, "gold_logprob": True, "version": RECORDS_VERSION}
@@ -162,7 +163,7 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
     loading ``model_name`` once (``model`` may then be None); this process alone writes the store.
     ``prefill_chunk``: as :class:`~lpes_nb.profiles.RecordCell`'s (part of the cell's key)."""
     RecordCell(model_name, dtype, items, 1, task, prefill_chunk)  # validates task, items and chunk
-    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk)
+    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model)
     records = [int(r) for r in records]
     done, data = table.done(), load_records(task, items, data_dir)
     bad = [r for r in records if not 0 <= r < len(data)]
@@ -365,13 +366,14 @@ def with_nominal_positions(per_sample: pd.DataFrame) -> pd.DataFrame:
 
 def stored_cells(profile: str) -> dict[str, pd.DataFrame]:
     """Every per-sample cell of the map in the store (the fixed-n cells of :func:`cell_samples`), by
-    name "model dtype task-items", each with nominal positions and record ids."""
-    cells = {}
-    for csv in sorted(output_dir("results", profile).glob("position_map_samples-*.csv")):
+    name "model dtype task-items" in that order (not the files' key order), each with nominal
+    positions and record ids."""
+    cells = []
+    for csv in output_dir("results", profile).glob("position_map_samples-*.csv"):
         params = pd.read_json(csv.with_suffix(".json"), typ="series")
         df = pd.read_csv(csv)
-        cells[f"{params['model']} {params['dtype']} {df['task'].iloc[0]}-{df['num_items'].iloc[0]}"] = with_nominal_positions(df)
-    return cells
+        cells.append(((params["model"], params["dtype"], df["task"].iloc[0], int(df["num_items"].iloc[0])), with_nominal_positions(df)))
+    return {f"{model} {dtype} {task}-{items}": df for (model, dtype, task, items), df in sorted(cells, key=lambda c: c[0])}
 
 
 def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:

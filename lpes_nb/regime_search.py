@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .fitness import paired_fitness_difference
-from .models import load_model, load_tokenizer
+from .models import load_model, load_tokenizer, model_key
 from .position_map import FIXED_CELLS
 from .profiles import PositionMap, RegimeSearch
 from .results import cached_table, output_dir, write_csv
@@ -74,7 +74,7 @@ def run_regime_search(spec: PositionMap, rs: RegimeSearch, table: pd.DataFrame, 
     model, tokenizer = load_model(model_name, dtype=m.dtype), load_tokenizer(model_name)
     layers = model.config.num_hidden_layers
     out = output_dir("results", profile) / "regime_search"
-    key = {"model": model_name, "dtype": dtype, "search": repr(rs)}
+    key = {**model_key(model_name, model, dtype), "search": repr(rs)}
     tasks = search_tasks(table, regime, rs)
 
     references, searches, curves = [], [], {}

@@ -129,8 +129,16 @@ def output_dir(kind: str, profile: str) -> Path:
     return path
 
 
+def check_model_part(params: dict) -> None:
+    """A result computed with a model is keyed by its weights and dtype, not its name alone."""
+    if "model" in params and not {"weights", "dtype"} <= set(params):
+        raise ValueError(f"the parameters of a result computed with model {params['model']!r} need its dtype and weight "
+                         f"fingerprint: build them with lpes_nb.models.model_key (got keys {sorted(params)})")
+
+
 def cached_table(name: str, params: dict, compute: Callable[[], pd.DataFrame], profile: str) -> pd.DataFrame:
     """Read ``<name>-<cache_key(params)>.csv`` if it exists, else compute it and write CSV + params JSON."""
+    check_model_part(params)
     directory = output_dir("results", profile)
     stem = f"{name}-{cache_key(**params)}"
     csv = directory / f"{stem}.csv"
@@ -204,6 +212,7 @@ class RecordTable:
     last line is dropped)."""
 
     def __init__(self, name: str, params: dict, profile: str):
+        check_model_part(params)
         directory = output_dir("results", profile)
         self.params = params
         self.path = directory / f"{name}-{cache_key(**params)}.jsonl"

@@ -120,6 +120,21 @@ def test_the_weight_fingerprint_does_not_depend_on_where_the_model_was_loaded_fr
     assert model_fingerprint(load_model("tiny-llama", seed=1)) != model_fingerprint(model)
 
 
+def test_the_model_part_of_a_result_key_tells_weights_and_dtypes_apart():
+    """Every cached result's parameters carry model_key: same name, other weights or dtype -> other key."""
+    from lpes_nb.models import load_model, model_key
+
+    model = load_model("tiny-llama")
+    part = model_key("tiny-llama", model)
+    assert part["model"] == "tiny-llama" and part["dtype"] == "float32" and len(part["weights"]) == 16
+    assert model_key("tiny-llama") == part  # loaded by name (seed 0) for a study that keys before it loads
+    assert model_key("tiny-llama", load_model("tiny-llama", seed=1))["weights"] != part["weights"]
+    half = model_key("tiny-llama", load_model("tiny-llama", dtype="float16"))
+    assert half["dtype"] == "float16" and half["weights"] != part["weights"]
+    with pytest.raises(ValueError, match="loaded in torch.float32, but its results were asked for in dtype 'float16'"):
+        model_key("tiny-llama", model, "float16")
+
+
 def test_native_bf16_is_read_from_the_cpu_flags():
     from lpes_nb.models import cpu_has_native_bf16
 

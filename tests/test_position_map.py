@@ -32,6 +32,18 @@ def test_summary_has_exact_intervals_nominal_positions_and_rho():
     assert table.copies_first.eq(0.1).all()
 
 
+def test_stored_cells_are_named_and_ordered_by_model_task_and_size_not_by_key(tmp_path, monkeypatch):
+    from lpes_nb.results import cached_table
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    for model, task, items in (("b", "kv", 78), ("a", "kv", 17), ("a", "kv", 9), ("a", "mdqa", 10)):
+        cached_table("position_map_samples", {"model": model, "dtype": "float32", "weights": model, "items": items, "task": task},
+                     lambda: _cell(task, items, [0.5] * 5).drop(columns=["model", "dtype"]), "smoke")
+    cells = position_map.stored_cells("smoke")
+    assert list(cells) == ["a float32 kv-9", "a float32 kv-17", "a float32 mdqa-10", "b float32 kv-78"]
+    assert cells["b float32 kv-78"].num_items.eq(78).all()
+
+
 def test_items_for_length_hits_the_target_length(tokenizer):
     for task, target in (("kv", 512), ("two_fact_block", 1024)):
         cfg = position_map.items_for_length(task, target, tokenizer, n=3, seed=300)
@@ -107,7 +119,7 @@ def test_a_chunked_record_cell_is_stored_apart_and_agrees_in_float32(tmp_path, m
     from lpes_nb.models import load_model, load_tokenizer
 
     assert position_map.record_table("qwen2.5-coder-0.5b", "bfloat16", "mdqa", 20, 8, "cpu").path.name == \
-        "position_map_records-f967aa07914726c1c6a3.jsonl"
+        "position_map_records-31ea4e6ebdd16ab1b249.jsonl"
     if not (data_dir() / "mdqa").is_dir():
         pytest.skip("needs the real MDQA records (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))

@@ -9,6 +9,7 @@ from scipy import stats
 import torch
 
 from lpes_nb.data import Sample
+from lpes_nb.models import model_key
 from lpes_nb.probes import (
     UnpatchedPrefix,
     coarsening_perplexity,
@@ -80,11 +81,12 @@ def test_masking_recall_has_a_row_per_layer_and_sample(tiny_llama, tokenizer):
 def test_per_window_stores_each_window_once_and_joins_to_the_joint_perplexity(tiny_llama, tmp_path, monkeypatch):
     """Equal-length windows: the joint perplexity is the geometric mean of the per-window ones."""
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
-    table = per_window("probe_masking_ppl", {"model": "tiny"}, WINDOWS, lambda w: masking_perplexity(tiny_llama, w, layers=[1]), "smoke")
+    params = model_key("tiny-llama", tiny_llama)
+    table = per_window("probe_masking_ppl", params, WINDOWS, lambda w: masking_perplexity(tiny_llama, w, layers=[1]), "smoke")
     assert table.window.tolist() == [0, 0, 1, 1]
     base = table[table.layer == -1].perplexity
     assert np.exp(np.log(base).mean()) == pytest.approx(window_perplexity(tiny_llama, WINDOWS), rel=1e-5)
-    again = per_window("probe_masking_ppl", {"model": "tiny"}, WINDOWS[::-1], lambda w: pytest.fail("recomputed a stored window"), "smoke")
+    again = per_window("probe_masking_ppl", params, WINDOWS[::-1], lambda w: pytest.fail("recomputed a stored window"), "smoke")
     assert again.perplexity.tolist() == table[table.window == 1].perplexity.tolist() + table[table.window == 0].perplexity.tolist()
 
 

@@ -49,6 +49,16 @@ def test_cached_table_is_keyed_by_its_parameters_and_written_once(store):
     assert params == {"a": 1}
 
 
+def test_a_result_computed_with_a_model_is_refused_without_its_weights_and_dtype(store):
+    with pytest.raises(ValueError, match="model 'smollm2-135m' need its dtype and weight fingerprint: build them with "
+                                         "lpes_nb.models.model_key"):
+        cached_table("t", {"model": "smollm2-135m", "a": 1}, lambda: pytest.fail("computed"), "smoke")
+    with pytest.raises(ValueError, match="model_key"):
+        results.RecordTable("t", {"model": "smollm2-135m", "dtype": "float32"}, "smoke")
+    assert not list((store / "results").rglob("t-*"))
+    cached_table("t", {"model": "m", "dtype": "float32", "weights": "0123", "a": 1}, lambda: pd.DataFrame({"x": [1]}), "smoke")
+
+
 def test_a_cache_miss_in_a_cached_only_run_fails_fast_naming_the_step(store, monkeypatch):
     cached_table("t", {"a": 1}, lambda: pd.DataFrame({"x": [1]}), "smoke")
     monkeypatch.setenv(CACHED_ONLY, "1")
