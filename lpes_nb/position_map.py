@@ -187,15 +187,15 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
 
 
 def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> dict[str, pd.DataFrame]:
-    """Every record cell of ``spec`` (computed where missing, one model load per model and dtype),
-    by name; each row carries ``model`` and ``dtype``."""
+    """Every record cell of ``spec`` (computed where missing), by name; each row carries ``model``
+    and ``dtype``. One model load per model and dtype, also where every record is stored: the
+    cell's key holds the weights' fingerprint."""
     out, loaded = {}, {}
     for cell in spec.record_cells:
         dtype = str(resolve_dtype(cell.dtype)).removeprefix("torch.")
-        table = record_table(cell.model, dtype, cell.task, cell.items, spec.batch_size, profile, cell.prefill_chunk)
-        if not set(range(cell.n)) <= table.done() and (cell.model, dtype) not in loaded:
+        if (cell.model, dtype) not in loaded:
             loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
-        model, tokenizer = loaded.get((cell.model, dtype), (None, None))
+        model, tokenizer = loaded[(cell.model, dtype)]
         frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
                             progress, prefill_chunk=cell.prefill_chunk)
         out[cell.name] = frame.assign(model=cell.model, dtype=dtype)
