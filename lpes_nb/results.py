@@ -277,15 +277,22 @@ def migrate_store(directory: Path | str) -> list[tuple[str, str]]:
         if expected != old:
             raise ValueError(f"{params_path.name}: its parameters hash to {expected}, not to the key in its name")
         clean = json.loads(re.sub(r"\bnp\.(?:float|int|uint)\w*\(([^()]*)\)", r"\1", text))
-        new = cache_key(**clean)
-        for old_file in sorted(params_path.parent.glob(f"{name}-{old}.*")):
-            target = old_file.with_name(f"{name}-{new}{old_file.suffix}")
-            if target.exists():
-                raise FileExistsError(f"{target.name} exists already: {old_file.name} would overwrite it")
-            if old_file.suffix == ".json":
-                write_json(target, clean)
-                old_file.unlink()
-            else:
-                old_file.rename(target)
-        moved.append((f"{name}-{old}", f"{name}-{new}"))
+        moved.append(rekey(params_path.parent, name, old, clean))
     return moved
+
+
+def rekey(directory: Path, name: str, old: str, params: dict) -> tuple[str, str]:
+    """Move a stored result's files (``<name>-<old>.csv/.json/.jsonl``) to the key of ``params``,
+    written as its new parameters JSON; an existing target is an error, never overwritten.
+    Returns the (old, new) stems."""
+    new = cache_key(**params)
+    for old_file in sorted(Path(directory).glob(f"{name}-{old}.*")):
+        target = old_file.with_name(f"{name}-{new}{old_file.suffix}")
+        if target.exists():
+            raise FileExistsError(f"{target.name} exists already: {old_file.name} would overwrite it")
+        if old_file.suffix == ".json":
+            write_json(target, params)
+            old_file.unlink()
+        else:
+            old_file.rename(target)
+    return f"{name}-{old}", f"{name}-{new}"

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from lpes_nb.models import model_key
-from lpes_nb.results import cache_key, write_json
+from lpes_nb.results import cache_key, rekey, write_json
 
 STEM = re.compile(r"^(?P<name>.+)-(?P<key>[0-9a-f]{20})$")
 ROUTER_RECIPE = ("steps", "batch_size", "lr", "hidden", "seed")  # lpes_nb.moice.load_or_train's budget part
@@ -67,18 +67,7 @@ def migrate(directory: Path) -> list[tuple[str, str]]:
         text = json.dumps(params)
         for before, after in recipes.items():
             text = text.replace(f"router={before}", f"router={after}")
-        migrated = {**json.loads(text), **model_part(params)}
-        new = cache_key(**migrated)
-        for old_file in sorted(directory.glob(f"{name}-{old}.*")):
-            target = old_file.with_name(f"{name}-{new}{old_file.suffix}")
-            if target.exists():
-                raise SystemExit(f"{target.name} exists already: {old_file.name} would overwrite it")
-            if old_file.suffix == ".json":
-                write_json(target, migrated)
-                old_file.unlink()
-            else:
-                old_file.rename(target)
-        moved.append((f"{name}-{old}", f"{name}-{new}"))
+        moved.append(rekey(directory, name, old, {**json.loads(text), **model_part(params)}))
     return moved
 
 
