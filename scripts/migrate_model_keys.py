@@ -60,10 +60,10 @@ def migrate(directory: Path) -> list[tuple[str, str]]:
             continue
         if cache_key(**params) != match["key"]:
             raise SystemExit(f"{params_path.name}: its parameters hash to {cache_key(**params)}, not to its key; nothing moved")
-        plan.append((params_path, match["name"], match["key"], params))
+        plan.append((match["name"], match["key"], params))
     recipes = migrate_router(directory)
     moved = []
-    for params_path, name, old, params in plan:
+    for name, old, params in plan:
         text = json.dumps(params)
         for before, after in recipes.items():
             text = text.replace(f"router={before}", f"router={after}")
