@@ -317,15 +317,15 @@ def model_key(name: str, model: PreTrainedModel | None = None, dtype: str | torc
     share a stored result. Pass the loaded ``model``; without it, ``name`` is loaded in ``dtype``
     (default float32) once per process, for a study that keys its results before its workers load it."""
     if model is None:
-        return dict(_model_key(name, str(resolve_dtype(dtype) or torch.float32)))
+        return dict(_model_key(name, resolve_dtype(dtype) or torch.float32))
     if dtype is not None and resolve_dtype(dtype) != model.dtype:
         raise ValueError(f"model {name!r} is loaded in {model.dtype}, but its results were asked for in dtype {dtype!r}")
     return {"model": name, "dtype": str(model.dtype).removeprefix("torch."), "weights": model_fingerprint(model)}
 
 
 @functools.lru_cache(maxsize=None)
-def _model_key(name: str, dtype: str) -> dict:
-    return model_key(name, load_model(name, dtype=getattr(torch, dtype.removeprefix("torch."))))
+def _model_key(name: str, dtype: torch.dtype) -> dict:
+    return model_key(name, load_model(name, dtype=dtype))
 
 
 # what a model's RoPE scales depend on: scales searched on one model mean nothing on another (other
