@@ -43,8 +43,9 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -80,9 +81,16 @@ SHAPED = {
 # The patched model may add no error beyond what the dtype's rounding already gives the unpatched
 # model against the float32 eager reference: allowed = SLACK x that floor + ABS_SLACK (relative L2 of
 # the logits). Measured on CPU (tiny models, 64 tokens): floor ~1 % in bf16, ~0.13 % in fp16; the
-# patched error 0.9-1.1x its floor; a layer left unpatched 7-10 %.
+# patched error 0.9-1.1x its floor.
 SLACK, ABS_SLACK = 1.5, 0.002
-# a wrong scale counts as detected when its error is this many times the allowed error
+# Whether every layer's attention receives its own scale is checked where it happens, on the cos/sin
+# tables each attention module is called with, against tables computed independently in float64:
+# the end-to-end logits cannot see one missed layer in a random 7B shape (measured on an H200 at
+# 1,024 tokens: a layer left at 1 moves the float32 logits by 3-5 %, bf16's own rounding moves them
+# 6-7 %), the layer's tables show it at once. A table may differ by its dtype's rounding (2 ulp
+# of a value in [-1, 1]) plus the float32 angle's error at these positions (ANGLE_SLACK).
+ANGLE_SLACK = 1e-4
+# a wrong scale counts as detected when its table error is this many times the allowed error
 DETECT = 3.0
 
 
@@ -170,12 +178,40 @@ def parity_scales(num_layers: int) -> tuple[np.ndarray, np.ndarray]:
     return right, wrong
 
 
+def _received_tables(model) -> tuple[list, Callable[[], None]]:
+    """Record the (cos, sin) each decoder layer's attention is called with; returns the list (one
+    entry per layer per forward) and the function that removes the hooks."""
+    seen, handles = [], []
+    for layer, module in enumerate(find_rope_stack(model).layers):
+        def hook(_, args, kwargs, layer=layer):
+            seen.append((layer, kwargs["position_embeddings"]))
+        handles.append(module.self_attn.register_forward_pre_hook(hook, with_kwargs=True))
+    return seen, lambda: [h.remove() for h in handles]
+
+
+def table_error(model, received: list, scales: np.ndarray, tokens: int) -> tuple[float, int]:
+    """The largest deviation of the received (cos, sin) from ``cos/sin(p * inv_freq / s_l)`` computed
+    in float64 from the model's own frequency table, and the layer where it is largest."""
+    stack = find_rope_stack(model)
+    positions = torch.arange(tokens, dtype=torch.float64)
+    worst, where = 0.0, -1
+    for layer, (cos, sin) in received:
+        inv_freq, scaling = stack.native(layer)
+        angles = positions[:, None] * (inv_freq.double().cpu() / float(scales[layer]))[None]
+        emb = torch.cat([angles, angles], dim=-1)  # the rotate-half layout of Llama and Qwen2
+        for got, want in ((cos, emb.cos() * scaling), (sin, emb.sin() * scaling)):
+            err = float((got[0].double().cpu() - want).abs().max())
+            if err > worst:
+                worst, where = err, layer
+    return worst, where
+
+
 @torch.inference_mode()
 def parity_case(model, reference, tokens: int, wrong_scales: bool = False) -> dict:
     """One model under one dtype and attention against its float32 eager ``reference``: the relative
-    error of the unpatched logits (the dtype's floor), of the patched ones (or with ``wrong_scales``:
-    the middle layer unpatched), of the wrong scale, and what the wrong scale changes in the
-    reference itself (the check's sensitivity)."""
+    error of the unpatched logits (the dtype's floor) and of the patched ones, and the (cos, sin)
+    tables every layer's attention received against the intended per-layer scales (with
+    ``wrong_scales`` the patch is given the middle layer at 1, as a patch that missed it)."""
     layers = find_rope_stack(model).num_layers
     right, wrong = parity_scales(layers)
     g = torch.Generator().manual_seed(0)
@@ -187,13 +223,23 @@ def parity_case(model, reference, tokens: int, wrong_scales: bool = False) -> di
 
     floor = relative_error(model(input_ids=ids).logits, reference(input_ids=ids).logits)
     expected = logits(reference, right)
-    error = relative_error(logits(model, wrong if wrong_scales else right), expected)
-    wrong_error = relative_error(logits(model, wrong), expected)
-    sensitivity = relative_error(logits(reference, wrong), expected)
+    received, unhook = _received_tables(model)
+    try:
+        error = relative_error(logits(model, wrong if wrong_scales else right), expected)
+        given = list(received)
+        received.clear()
+        logits(model, wrong)
+        missed = list(received)
+    finally:
+        unhook()
     allowed = SLACK * floor + ABS_SLACK
-    return {"unpatched_error": floor, "error": error, "allowed": allowed, "wrong_scale_error": wrong_error,
-            "wrong_scale_effect_fp32": sensitivity, "matches": error <= allowed,
-            "wrong_scale_detected": wrong_error > DETECT * allowed, "sensitive": sensitivity > DETECT * allowed}
+    table_allowed = 2 * torch.finfo(model.dtype).eps + ANGLE_SLACK
+    angle_error, worst_layer = table_error(model, given, right, tokens)
+    wrong_error, _ = table_error(model, missed, right, tokens)
+    return {"unpatched_error": floor, "error": error, "allowed": allowed, "matches": error <= allowed,
+            "table_error": angle_error, "table_allowed": table_allowed, "worst_layer": worst_layer,
+            "tables_match": angle_error <= table_allowed, "wrong_scale_table_error": wrong_error,
+            "wrong_scale_detected": wrong_error > DETECT * table_allowed}
 
 
 def run_parity(out: Path, plan: KitPlan, dry: bool, inject_wrong_scale: bool = False) -> dict:
@@ -210,7 +256,7 @@ def run_parity(out: Path, plan: KitPlan, dry: bool, inject_wrong_scale: bool = F
                 reference = kit_model(name, "float32", "eager", dry)
                 reference.load_state_dict(model.state_dict())  # the same (rounded) weights, computed in float32
                 case = parity_case(model, reference, plan.parity_tokens, inject_wrong_scale)
-                ok = case["matches"] and case["wrong_scale_detected"] and case["sensitive"]
+                ok = case["matches"] and case["tables_match"] and case["wrong_scale_detected"]
                 rows.append({**row, **case, "status": "ok" if ok else "MISMATCH"})
                 del model, reference
                 if torch.cuda.is_available():
@@ -230,6 +276,19 @@ def run_parity(out: Path, plan: KitPlan, dry: bool, inject_wrong_scale: bool = F
             .to_dict("records")}
 
 
+def timing_attention(dry: bool) -> tuple[str, str | None]:
+    """The attention kernel the timing steps use, and why if it is not the paper's: flash-attention-2
+    where the ``flash_attn`` package is installed, else ``sdpa`` (PyTorch's fused kernel) with a note
+    that travels into the step's result, so a timing always names the kernel it measured."""
+    if dry:
+        return "sdpa", None
+    if importlib.util.find_spec("flash_attn") is None:
+        note = "flash-attn is not installed in this python: timed with sdpa instead of flash_attention_2"
+        print(f"[gpu_kit] {note}", file=sys.stderr)
+        return "sdpa", note
+    return "flash_attention_2", None
+
+
 def _lpes_scales(num_layers: int) -> np.ndarray:
     """A fixed LPES-like curve for timing (any per-layer scales cost the same)."""
     return layer_scales(np.array([[0.0, 1.0], [0.33, 1.8], [0.66, 1.2], [1.0, 1.5]]), num_layers)
@@ -243,7 +302,7 @@ def _sync():
 def run_latency(out: Path, plan: KitPlan, dry: bool) -> dict:
     """Per prompt, every method once in a rotating order (batch 1, exactly ``latency_new_tokens``)."""
     dtype = "float32" if dry else "bfloat16"
-    attn = "sdpa" if dry else "flash_attention_2"
+    attn, attn_note = timing_attention(dry)
     model, tokenizer = kit_model(plan.latency_model, dtype, attn, dry), tokenizer_for(plan.latency_model)
     methods = compared_methods(_lpes_scales(find_rope_stack(model).num_layers))
     table4 = ["baseline", "PI", "LPES", "Ms-PoE", "Attention Buckets", "MoICE (untrained)"]
@@ -277,7 +336,7 @@ def run_latency(out: Path, plan: KitPlan, dry: bool) -> dict:
                         "ratio_ci_low": float(ci.low), "ratio_ci_high": float(ci.high)})
     write_csv(out / "latency.csv", pd.DataFrame(summary))
     tokens = [len(tokenizer(s.prompt)["input_ids"]) for s in samples[1:]]
-    return {"model": plan.latency_model, "dtype": dtype, "attention": attn, "prompts": len(samples) - 1,
+    return {"model": plan.latency_model, "dtype": dtype, "attention": attn, "attention_note": attn_note, "prompts": len(samples) - 1,
             "prompt_tokens_median": int(np.median(tokens)), "new_tokens": plan.latency_new_tokens,
             "methods": summary}
 
@@ -292,7 +351,7 @@ def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
     """``ga_candidates`` fitness evaluations (random Bézier curves, the paper's fitness in generate
     mode) timed against :func:`lpes_nb.costs._forwards`'s prediction for the same prompts."""
     dtype = "float32" if dry else "bfloat16"
-    attn = "sdpa" if dry else "flash_attention_2"
+    attn, attn_note = timing_attention(dry)
     model, tokenizer = kit_model(plan.ga_model, dtype, attn, dry), tokenizer_for(plan.ga_model)
     layers = find_rope_stack(model).num_layers
     task = TaskConfig("mdqa", plan.ga_docs, n=plan.ga_records)
@@ -315,7 +374,8 @@ def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
     _, predicted = costs._forwards(shape, gpu, len(samples), tokens, settings.max_new_tokens, settings.batch_size)
     paper = GAConfig()
     full = per_candidate * costs.ga_evaluations(paper) * (200 / plan.ga_records)  # the paper searched on 200 records per position
-    return {"model": plan.ga_model, "dtype": dtype, "attention": attn, "records_per_position": plan.ga_records,
+    return {"model": plan.ga_model, "dtype": dtype, "attention": attn, "attention_note": attn_note,
+            "records_per_position": plan.ga_records,
             "prompts_per_candidate": len(samples), "prompt_tokens_mean": round(tokens, 1),
             "new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size,
             "seconds_per_candidate": per_candidate, "predicted_seconds_per_candidate": predicted,
@@ -374,9 +434,10 @@ RUNNERS = {"carry": run_carry, "latency": run_latency, "ga": run_ga}
 
 
 def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | None = None,
-            inject_wrong_scale: bool = False) -> dict:
+            inject_wrong_scale: bool = False, carry_models: tuple[str, ...] | None = None) -> dict:
     """Run the kit's ``steps`` (skipping those already done under ``out``) within ``budget_s`` seconds;
-    the status of each step, by name."""
+    the status of each step, by name. ``carry_models`` replaces the plan's models whose weights the
+    carry step packs (``()``: data and tokenizers only, one part, for the shaped models' steps)."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"unknown kit step(s) {unknown}; choose from {list(STEPS)}")
@@ -386,6 +447,8 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plan = DRY if dry else REAL
+    if carry_models is not None:
+        plan = replace(plan, carry_models=tuple(carry_models))
     start, status = time.perf_counter(), {}
     for step in steps:
         done = out / f"{step}.json"
@@ -418,10 +481,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry", action="store_true", help="every step on the CPU with tiny random models (< 2 min)")
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting steps after this many seconds")
+    parser.add_argument("--carry-models", nargs="*", choices=REAL.carry_models, default=None,
+                        help="carry: only these models' weights (none: data and tokenizers only)")
     parser.add_argument("--inject-wrong-scale", action="store_true", help="parity: patch one layer wrongly (the kit must stop)")
     args = parser.parse_args(argv)
     try:
-        status = run_kit(args.out, args.dry, args.steps, args.budget_s, args.inject_wrong_scale)
+        status = run_kit(args.out, args.dry, args.steps, args.budget_s, args.inject_wrong_scale,
+                         None if args.carry_models is None else tuple(args.carry_models))
     except ParityFailure as e:
         print(f"[gpu_kit] PARITY FAILED: {e}", file=sys.stderr)
         return 2

@@ -109,7 +109,8 @@ class MoICE(Method):
     def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return Router(cfg.num_hidden_layers, cfg.num_attention_heads, head_dim, len(self.model_bases(model)), hidden, seed)
+        router = Router(cfg.num_hidden_layers, cfg.num_attention_heads, head_dim, len(self.model_bases(model)), hidden, seed)
+        return router.to(model.device)  # drawn on the CPU (the same weights on every device), used beside the model
 
     @contextmanager
     def _active(self, model):

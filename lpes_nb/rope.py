@@ -192,7 +192,10 @@ class RopeStack:
         extra = {} if kind is None else {"layer_type": kind}
         if seq_len is not None:
             extra["seq_len"] = seq_len
-        return self._init_fn(rope_type)(config, **extra)[0]
+        # on the device of the model's own table: a table built on a GPU (a model made there) differs
+        # from the CPU's in the last bit, and the bit-for-bit check below would refuse it
+        with torch.device(self.native(layer)[0].device):
+            return self._init_fn(rope_type)(config, **extra)[0]
 
     def _with_base(self, layer: int, base: float) -> torch.Tensor:
         kind, rope_type = self.layer_types[layer], self.rope_type(layer)

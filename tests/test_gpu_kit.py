@@ -24,8 +24,10 @@ def test_parity_passes_the_right_scales_and_detects_a_layer_left_unpatched(name)
     model, reference = _pair(name)
     right = parity_case(model, reference, 64)
     assert right["matches"] and right["error"] <= right["allowed"]
-    assert right["wrong_scale_detected"] and right["sensitive"]
+    assert right["tables_match"] and right["table_error"] <= right["table_allowed"]
+    assert right["wrong_scale_detected"] and right["wrong_scale_table_error"] > 0.1  # cos(p) against cos(p/2): far apart
     wrong = parity_case(model, reference, 64, wrong_scales=True)
+    assert not wrong["tables_match"] and wrong["worst_layer"] == model.config.num_hidden_layers // 2
     assert not wrong["matches"] and wrong["error"] > gpu_kit.DETECT * wrong["allowed"]
 
 
@@ -40,7 +42,7 @@ def test_parity_allowance_tracks_the_dtype_floor():
 def test_an_injected_wrong_scale_stops_the_kit_with_the_numbers(tmp_path):
     with pytest.raises(ParityFailure, match="MISMATCH") as err:
         run_parity(tmp_path, ONE, dry=True, inject_wrong_scale=True)
-    assert "wrong_scale_error" in str(err.value) and "tiny-llama" in str(err.value)
+    assert "table_error" in str(err.value) and "tiny-llama" in str(err.value)
     assert run_parity(tmp_path, ONE, dry=True)["ok"] == 1
 
 
@@ -77,3 +79,34 @@ def test_kit_refuses_unknown_steps_and_a_real_run_without_cuda(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             run_kit(tmp_path, dry=False)
+
+
+def test_timings_name_the_attention_kernel_they_measured(monkeypatch):
+    """Without flash-attn the timing steps take sdpa and say so; they never fail or pass it off as flash."""
+    assert gpu_kit.timing_attention(dry=True) == ("sdpa", None)
+    real_find_spec = gpu_kit.importlib.util.find_spec
+    monkeypatch.setattr(gpu_kit.importlib.util, "find_spec", lambda name: None if name == "flash_attn" else real_find_spec(name))
+    attn, note = gpu_kit.timing_attention(dry=False)
+    assert attn == "sdpa" and "flash-attn is not installed" in note
+    monkeypatch.setattr(gpu_kit.importlib.util, "find_spec", lambda name: object())
+    assert gpu_kit.timing_attention(dry=False) == ("flash_attention_2", None)
+
+
+def test_the_carry_step_packs_only_the_weights_asked_for(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setitem(gpu_kit.RUNNERS, "carry", lambda out, plan, dry: seen.append(plan.carry_models) or {})
+    gpu_kit.main([str(tmp_path / "a"), "--dry", "--steps", "carry", "--carry-models"])
+    gpu_kit.main([str(tmp_path / "b"), "--dry", "--steps", "carry", "--carry-models", "smollm2-135m"])
+    gpu_kit.main([str(tmp_path / "c"), "--dry", "--steps", "carry"])
+    assert seen == [(), ("smollm2-135m",), DRY.carry_models]
+
+
+def test_a_missed_layer_is_caught_where_the_logits_cannot_see_it():
+    """At the usual 0.02 init a random model attends almost uniformly, as the 7B shapes did on an H200:
+    the logits pass a patch that missed a layer, the tables that layer's attention received do not."""
+    model = kit_model("tiny-llama", "bfloat16", "sdpa")
+    reference = kit_model("tiny-llama", "float32", "eager")
+    reference.load_state_dict(model.state_dict())
+    wrong = parity_case(model, reference, 64, wrong_scales=True)
+    assert wrong["matches"]
+    assert not wrong["tables_match"] and wrong["worst_layer"] == model.config.num_hidden_layers // 2
