@@ -53,7 +53,7 @@ import torch
 from scipy import stats
 from transformers import AutoConfig
 
-from . import carry, costs, machine
+from . import carry, cost_model, machine
 from .benchmarks import compared_methods, latency_samples
 from .bezier import layer_scales
 from .data import data_dir
@@ -349,7 +349,7 @@ def _peak_memory_gib() -> float:
 
 def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
     """``ga_candidates`` fitness evaluations (random Bézier curves, the paper's fitness in generate
-    mode) timed against :func:`lpes_nb.costs._forwards`'s prediction for the same prompts."""
+    mode) timed against :func:`lpes_nb.cost_model.prompt_cost`'s prediction for the same prompts."""
     dtype = "float32" if dry else "bfloat16"
     attn, attn_note = timing_attention(dry)
     model, tokenizer = kit_model(plan.ga_model, dtype, attn, dry), tokenizer_for(plan.ga_model)
@@ -369,11 +369,11 @@ def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
     _sync()
     per_candidate = (time.perf_counter() - start) / max(len(candidates) - 1, 1)
     tokens = float(np.mean([len(tokenizer(s.prompt)["input_ids"]) for s in samples]))
-    shape = costs.Shape.of(model.config)
-    gpu = costs.H100 if shape.hidden >= 2048 else costs.H100_SMALL_MODELS
-    _, predicted = costs._forwards(shape, gpu, len(samples), tokens, settings.max_new_tokens, settings.batch_size)
+    shape = cost_model.Shape.of(model.config)
+    gpu = cost_model.H100 if shape.hidden >= 2048 else cost_model.H100_SMALL_MODELS
+    _, predicted = cost_model.prompt_cost(shape, gpu, len(samples), tokens, settings.max_new_tokens, settings.batch_size)
     paper = GAConfig()
-    full = per_candidate * costs.ga_evaluations(paper) * (200 / plan.ga_records)  # the paper searched on 200 records per position
+    full = per_candidate * cost_model.ga_evaluations(paper) * (200 / plan.ga_records)  # the paper searched on 200 records per position
     return {"model": plan.ga_model, "dtype": dtype, "attention": attn, "attention_note": attn_note,
             "records_per_position": plan.ga_records,
             "prompts_per_candidate": len(samples), "prompt_tokens_mean": round(tokens, 1),
@@ -381,7 +381,7 @@ def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
             "seconds_per_candidate": per_candidate, "predicted_seconds_per_candidate": predicted,
             "measured_over_predicted": per_candidate / predicted, "cost_model_gpu": gpu.name,
             "peak_memory_gib": _peak_memory_gib(),
-            "paper_search_hours": full / 3600, "paper_search": f"{costs.ga_evaluations(paper)} evaluations x 200 records per position",
+            "paper_search_hours": full / 3600, "paper_search": f"{cost_model.ga_evaluations(paper)} evaluations x 200 records per position",
             "note": None if torch.cuda.is_available() else "CPU dry run: the prediction is an H100's, the ratio is not meaningful"}
 
 

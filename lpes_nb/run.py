@@ -15,6 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
+import papermill
+
 from .footprint import NOTEBOOK_ENV
 from .profiles import PROFILES
 
@@ -48,8 +51,6 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
     """Execute each notebook; raise SystemExit with a clear message at the first failing cell."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
-    import papermill  # the notebook engine, imported where notebooks execute (see NOTEBOOK_ENGINE in the tests)
-
     out_dir.mkdir(parents=True, exist_ok=True)
     timings = []
     for i, nb in enumerate(notebooks, 1):
@@ -80,8 +81,6 @@ def clean_for_publish(path: Path) -> None:
     """Drop what only made sense in the live kernel before a notebook is committed: the saved widget
     state (progress bars), widget views (their text fallback stays), TqdmWarning noise, and the
     run's timestamps and paths."""
-    import nbformat
-
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
     # run-specific timestamps and paths: without them, republishing the same outputs changes nothing

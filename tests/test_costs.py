@@ -9,15 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from lpes_nb import footprint
-from lpes_nb.costs import (
-    MEMORY_OPERATIONS,
-    VICUNA_7B,
-    Gpu,
-    Shape,
-    cost_table,
-    memory_fit,
-    work_units,
-)
+from lpes_nb.cost_model import VICUNA_7B, Gpu, Shape
+from lpes_nb.costs import MEMORY_OPERATIONS, cost_table, memory_fit, work_units
 from lpes_nb.models import tiny_config
 from lpes_nb.profiles import PROFILES
 from lpes_nb.results import cached_table
@@ -145,7 +138,7 @@ def test_work_units_cover_both_profiles_and_scale_layer_loops():
 def test_embedded_shapes_are_the_converted_configs():
     from transformers import AutoConfig
 
-    from lpes_nb.costs import SHAPES, Shape
+    from lpes_nb.cost_model import SHAPES
     from lpes_nb.models import EMBEDDED, QWEN, ensure_embedded
 
     for name in (EMBEDDED, QWEN):
@@ -153,15 +146,14 @@ def test_embedded_shapes_are_the_converted_configs():
 
 
 def test_prefill_flops_count_products_causal_attention_and_head():
-    from lpes_nb.costs import Shape
-
     s = Shape(layers=2, hidden=8, intermediate=16, heads=2, head_dim=4, vocab=10)
     per_token = 2 * 2 * (4 * 8 * 8 + 3 * 8 * 16)
     assert s.prefill_flops(5) == per_token * 5 + 2 * 2 * 2 * 4 * 25 + 2 * 10 * 8
 
 
 def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
-    from lpes_nb.costs import ga_evaluations, notebook9_plan
+    from lpes_nb.cost_model import ga_evaluations
+    from lpes_nb.costs import notebook9_plan
     from lpes_nb.position_map import LENGTH_TASKS
 
     p = PROFILES["gpu"]
