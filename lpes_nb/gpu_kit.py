@@ -299,8 +299,12 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def run_latency(out: Path, plan: KitPlan, dry: bool) -> dict:
-    """Per prompt, every method once in a rotating order (batch 1, exactly ``latency_new_tokens``)."""
+def run_latency(out: Path, plan: KitPlan, dry: bool, seconds: float | None = None) -> dict:
+    """Per prompt, every method once in a rotating order (batch 1, exactly ``latency_new_tokens``).
+    Each prompt's times are stored as it finishes (``OUT/latency_times.csv``; a line per prompt
+    printed with every method's seconds) and a later call times only the prompts not stored yet;
+    after ``seconds`` (None: no limit) it stops at the end of a prompt and reports itself incomplete."""
+    begun = time.perf_counter()
     dtype = "float32" if dry else "bfloat16"
     attn, attn_note = timing_attention(dry)
     model, tokenizer = kit_model(plan.latency_model, dtype, attn, dry), tokenizer_for(plan.latency_model)
@@ -318,14 +322,22 @@ def run_latency(out: Path, plan: KitPlan, dry: bool) -> dict:
         _sync()
         return time.perf_counter() - start
 
+    stored = out / "latency_times.csv"
+    rows = pd.read_csv(stored).to_dict("records") if stored.exists() else []
+    done = {r["prompt"] for r in rows}
     for name in names:  # warm-up: kernels, caches, allocator
         timed(samples[0], name)
-    rows = []
-    for i, sample in enumerate(samples[1:]):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            rows.append({"prompt": i, "method": name, "seconds": timed(sample, name)})
+    todo = [i for i in range(len(samples) - 1) if i not in done]
+    for k, i in enumerate(todo):
+        new = [{"prompt": i, "method": name, "seconds": timed(samples[i + 1], name)}
+               for name in names[i % len(names):] + names[: i % len(names)]]
+        rows += new
+        write_csv(stored, pd.DataFrame(rows))
+        print(f"[gpu_kit] latency prompt {i + 1}/{len(samples) - 1}: "
+              + ", ".join(f"{r['method']} {r['seconds']:.2f} s" for r in new), file=sys.stderr, flush=True)
+        if seconds is not None and k + 1 < len(todo) and time.perf_counter() - begun > seconds:
+            return {"complete": False}  # at least one prompt per call, so every call makes progress
     times = pd.DataFrame(rows)
-    write_csv(out / "latency_times.csv", times)
     wide = times.pivot(index="prompt", columns="method", values="seconds")
     summary = []
     for name in names:
@@ -336,7 +348,8 @@ def run_latency(out: Path, plan: KitPlan, dry: bool) -> dict:
                         "ratio_ci_low": float(ci.low), "ratio_ci_high": float(ci.high)})
     write_csv(out / "latency.csv", pd.DataFrame(summary))
     tokens = [len(tokenizer(s.prompt)["input_ids"]) for s in samples[1:]]
-    return {"model": plan.latency_model, "dtype": dtype, "attention": attn, "attention_note": attn_note, "prompts": len(samples) - 1,
+    return {"complete": True, "model": plan.latency_model, "dtype": dtype, "attention": attn, "attention_note": attn_note,
+            "prompts": len(samples) - 1,
             "prompt_tokens_median": int(np.median(tokens)), "new_tokens": plan.latency_new_tokens,
             "methods": summary}
 
@@ -430,7 +443,8 @@ def run_regime(out: Path, plan: KitPlan, dry: bool, seconds: float | None) -> di
     return {"complete": True, "profile": plan.regime_profile, "store": str(out / "regime")}
 
 
-RUNNERS = {"carry": run_carry, "latency": run_latency, "ga": run_ga}
+RUNNERS = {"carry": run_carry, "ga": run_ga}
+RESUMABLE = {"latency": run_latency, "regime": run_regime}  # these take the budget left and resume from OUT
 
 
 def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | None = None,
@@ -460,8 +474,8 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
             status[step] = "not started: budget spent (call again)"
             continue
         t0 = time.perf_counter()
-        if step == "regime":
-            result = run_regime(out, plan, dry, left)
+        if step in RESUMABLE:
+            result = RESUMABLE[step](out, plan, dry, left)
             if not result["complete"]:
                 status[step] = "incomplete: budget spent (call again; it resumes from its store)"
                 continue

@@ -3,6 +3,7 @@
 import json
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -110,3 +111,16 @@ def test_a_missed_layer_is_caught_where_the_logits_cannot_see_it():
     wrong = parity_case(model, reference, 64, wrong_scales=True)
     assert wrong["matches"]
     assert not wrong["tables_match"] and wrong["worst_layer"] == model.config.num_hidden_layers // 2
+
+
+def test_a_cut_off_latency_step_keeps_its_prompts_and_times_only_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_kit, "DRY", replace(DRY, latency_prompts=3))
+    assert run_kit(tmp_path, dry=True, steps=("latency",), budget_s=0.5) == {
+        "latency": "incomplete: budget spent (call again; it resumes from its store)"}
+    first = pd.read_csv(tmp_path / "latency_times.csv")
+    assert set(first.prompt) == {0} and len(first) == 6 and not (tmp_path / "latency.json").exists()
+    assert run_kit(tmp_path, dry=True, steps=("latency",)) == {"latency": "done"}
+    times = pd.read_csv(tmp_path / "latency_times.csv")
+    assert sorted(set(times.prompt)) == [0, 1, 2] and len(times) == 18
+    pd.testing.assert_frame_equal(times[times.prompt == 0].reset_index(drop=True), first)  # kept, not timed again
+    assert json.loads((tmp_path / "latency.json").read_text())["result"]["prompts"] == 3
