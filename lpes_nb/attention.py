@@ -64,8 +64,8 @@ class AttentionStats:
             k = self._rotate(k, cos, sin)
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             scores = (q @ k.transpose(-1, -2)).float() * module.scaling  # [b, heads, rows, t]
-            key_pos = torch.arange(t)
-            row_pos = torch.tensor(rows)
+            key_pos = torch.arange(t, device=scores.device)
+            row_pos = torch.tensor(rows, device=scores.device)
             scores = scores.masked_fill(key_pos[None, :] > row_pos[:, None], float("-inf"))
             p = scores.softmax(-1)
             entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # [b, heads, rows]

@@ -67,7 +67,7 @@ def method_key(method: Method) -> str:
         return repr(method)
     if method.recipe is not None:  # a stored router: its results do not need its weights
         return f"MoICE(bases={method.bases}, router={method.recipe})"
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
     return f"MoICE(bases={method.bases}, router={digest})"
 
 
@@ -214,7 +214,7 @@ def tail_perplexity(model, window: Sequence[int], tail: int, specs=None) -> floa
     window = list(window)
     if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail < len(window):
         raise ValueError(f"tail must be an integer in [1, {len(window) - 1}] (the window has {len(window)} tokens), got {tail!r}")
-    ids = torch.tensor([window])
+    ids = torch.tensor([window], device=model.device)
     with rope_context(model, specs):
         logits = model(ids, logits_to_keep=tail + 1).logits[0, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits, ids[0, -tail:], reduction="sum")

@@ -107,8 +107,8 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     logprob = np.zeros(len(prompts))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(targets[i]))
     for batch in tqdm(list(_batches(order, batch_size)), desc="scoring", disable=not progress, leave=False):
-        ids, mask, positions, keep = forced_inputs([prompts[i] for i in batch], [targets[i] for i in batch], pad_id)
-        ids, mask, positions = ids.to(model.device), mask.to(model.device), positions.to(model.device)
+        ids, mask, positions, keep = forced_inputs([prompts[i] for i in batch], [targets[i] for i in batch], pad_id,
+                                                   model.device)
         with method.context(model, ids.shape[1], None if segments is None else [segments[i] for i in batch]):
             logits = method.forward(model, ids, mask, positions, keep)
         logp = torch.log_softmax(logits.float(), dim=-1)
@@ -120,9 +120,10 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     return correct, logprob
 
 
-def forced_inputs(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
-    """Left-padded prompt + target ids, mask, positions, and how many final logits cover the targets."""
-    ids, mask = _left_pad([p + t for p, t in zip(prompts, targets)], pad_id)
+def forced_inputs(prompts: list[list[int]], targets: list[list[int]], pad_id: int, device=None):
+    """Left-padded prompt + target ids, mask, positions (on ``device``), and how many final logits
+    cover the targets."""
+    ids, mask = (t.to(device) for t in _left_pad([p + t for p, t in zip(prompts, targets)], pad_id))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids, mask, positions, max(len(t) for t in targets) + 1
 

@@ -26,11 +26,11 @@ from .rope import RopeSpec, find_rope_stack, rope_context
 from .tasks import EvalSettings
 
 
-def _batches(windows: Sequence[Sequence[int]], batch_size: int) -> list[torch.Tensor]:
+def _batches(windows: Sequence[Sequence[int]], batch_size: int, device=None) -> list[torch.Tensor]:
     lengths = sorted({len(w) for w in windows})
     if not windows or len(lengths) != 1 or lengths[0] < 2:
         raise ValueError(f"windows must be one or more token windows of one length >= 2, got lengths {lengths}")
-    ids = torch.tensor([list(w) for w in windows])
+    ids = torch.tensor([list(w) for w in windows], device=device)
     return [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
 
 
@@ -46,7 +46,7 @@ class UnpatchedPrefix:
     @torch.inference_mode()
     def __init__(self, model, windows: Sequence[Sequence[int]], batch_size: int = 4):
         self.layers = find_rope_stack(model).layers
-        self.batches = _batches(windows, batch_size)
+        self.batches = _batches(windows, batch_size, model.device)
         self.outputs: list[dict[int, object]] = []
         for batch in self.batches:
             captured: dict[int, object] = {}
@@ -74,7 +74,7 @@ def window_perplexity(model, windows: Sequence[Sequence[int]], specs=None, batch
     """Perplexity of next-token prediction over equal-length token windows, under optional specs.
     With ``prefix`` (built from the same windows), layers before ``start`` are not recomputed."""
     nll, count = 0.0, 0
-    batches = prefix.batches if prefix is not None else _batches(windows, batch_size)
+    batches = prefix.batches if prefix is not None else _batches(windows, batch_size, model.device)
     with rope_context(model, specs):
         for i, batch in enumerate(batches):
             with prefix.start_at(start, i) if prefix is not None else nullcontext():
@@ -146,13 +146,14 @@ def noise_control_perplexity(model, windows, layers: Sequence[int] | None = None
         masked = _layer_output(model, prefix, layer, {layer: RopeSpec(mask=True)})
         norms = (masked - prefix.hidden(layer)).norm(dim=-1, keepdim=True)
         gen = torch.Generator().manual_seed(seed + layer)
-        noise = torch.randn(norms.shape[:-1] + (model.config.hidden_size,), generator=gen)
+        # drawn on the CPU (the same noise on every device), then beside the hidden states
+        noise = torch.randn(norms.shape[:-1] + (model.config.hidden_size,), generator=gen).to(norms.device)
         noise = noise / noise.norm(dim=-1, keepdim=True) * norms
 
         def add_noise(module, args, output):
             if isinstance(output, tuple):
-                return (output[0] + noise.to(output[0].dtype),) + output[1:]
-            return output + noise.to(output.dtype)
+                return (output[0] + noise.to(output[0]),) + output[1:]
+            return output + noise.to(output)
 
         with Interventions() as interventions:
             interventions.hook(stack.layers[layer], add_noise)

@@ -20,9 +20,9 @@ def last_token_states(model, tokenizer, prompts: Sequence[str], specs=None) -> n
     out = []
     with rope_context(model, specs):
         for text in prompts:
-            ids = torch.tensor([tokenizer(text).input_ids])
+            ids = torch.tensor([tokenizer(text).input_ids], device=model.device)
             hs = model(ids, output_hidden_states=True).hidden_states[1:]
-            out.append(torch.stack([h[0, -1] for h in hs]).float().numpy())
+            out.append(torch.stack([h[0, -1] for h in hs]).float().cpu().numpy())
     return np.stack(out, axis=1)
 
 

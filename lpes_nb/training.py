@@ -37,12 +37,13 @@ def answer_nll(model, prompts: list[list[int]], targets: list[list[int]], pad_id
     """Differentiable teacher-forced loss of the targets: per sample the mean negative
     log-likelihood of its answer tokens, averaged over the batch with optional ``weights`` (what
     trainable methods, the MoICE router and the gradient-based scale search, minimise)."""
-    ids, mask, positions, keep = forced_inputs(prompts, targets, pad_id)
+    ids, mask, positions, keep = forced_inputs(prompts, targets, pad_id, model.device)
     logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                    logits_to_keep=keep).logits.float(), dim=-1)
-    losses = torch.stack([-target_rows(logp[row], len(t), keep).gather(1, torch.tensor(t)[:, None]).mean()
+    losses = torch.stack([-target_rows(logp[row], len(t), keep).gather(1, torch.tensor(t, device=logp.device)[:, None]).mean()
                           for row, t in enumerate(targets)])
     w = torch.ones(len(targets)) if weights is None else torch.as_tensor(weights, dtype=torch.float)
+    w = w.to(logp.device)
     return (losses * w).sum() / w.sum()
 
 
