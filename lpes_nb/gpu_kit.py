@@ -9,14 +9,16 @@ a kit cut off by a call's time limit resumes where it stopped:
   GPU machine ``python -m lpes_nb.carry unpack`` reassembles them (see the README's GPU section).
 * ``parity``: the per-layer RoPE patch in bf16 and fp16 under ``sdpa`` and ``flash_attention_2``
   against a float32 eager reference with the same weights and the same per-layer scales (relative
-  L2 error of the logits within the dtype's tolerance), and a deliberately wrong scale (one layer
-  left at 1, as a patch that missed it) detected. Any mismatch stops the kit with the numbers.
+  L2 error of the logits within the dtype's tolerance), the (cos, sin) tables every layer's attention
+  receives equal to float64 ones for its scale, and a deliberately wrong scale (one layer left at 1,
+  as a patch that missed it) detected in those tables. Any mismatch stops the kit with the numbers.
 * ``latency``: the paper's Table 4 methods on MDQA prompts (batch 1, fixed decode length),
   interleaved per prompt: median and IQR over the prompts after a warm-up, per-prompt ratios to the
-  baseline with a bootstrap interval of their median; device, driver and CUDA recorded.
+  baseline with a bootstrap interval of their median; device, driver and CUDA recorded; stored
+  prompt by prompt, so a call cut off by the budget resumes.
 * ``ga``: the search's fitness evaluations at the paper's settings (MDQA, λ-weighted begin /
   middle / end, the decode length of the judge) timed, with peak memory, against the cost model's
-  prediction (:mod:`lpes_nb.costs`) as a ratio.
+  prediction (:mod:`lpes_nb.cost_model`) as a ratio.
 * ``regime``: notebook 9 under the ``gpu`` profile (the map, the record cell on all 441 MDQA-20
   records, the search at the paper's budget), its store under ``OUT/regime``; every part of it
   resumes from that store, so a call cut off by its time limit loses at most one record or one GA
