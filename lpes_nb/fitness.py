@@ -15,7 +15,7 @@ from .data import Sample
 from .evaluate import evaluate_samples
 from .methods import LayerScales
 from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, u_shape_rho
-from .models import model_fingerprint
+from .models import model_key
 from .results import ResultCache, cache_key
 from .tasks import EvalSettings
 
@@ -142,7 +142,7 @@ class PositionFitness:
             raise ValueError(f"lambdas must be 3 non-negative weights, got {lambdas!r}")
         self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
         self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
-        self._task_key = dict(model=model_name, weights=model_fingerprint(model), settings=asdict(settings),
+        self._task_key = dict(**model_key(model_name, model), settings=asdict(settings),
                               samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
 
     def fingerprint(self) -> str:

@@ -237,6 +237,14 @@ def test_two_models_sharing_a_result_cache_do_not_share_tables(tmp_path, tokeniz
     assert len(list(tmp_path.glob("*.csv"))) == 2
 
 
+def test_the_fitness_keys_its_tables_and_checkpoints_with_the_model_key(tokenizer):
+    """The GA's per-scales tables and checkpoints carry the model part every cached result carries."""
+    samples = tasks.TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4").samples()
+    model = models.load_model("tiny-llama")
+    f = fitness.PositionFitness(model, tokenizer, samples, model_name="tiny-llama")
+    assert models.model_key("tiny-llama", model).items() <= f._task_key.items()
+
+
 def test_ga_resume_refuses_a_checkpoint_of_another_fitness(tmp_path, tokenizer):
     model = models.load_model("tiny-llama")
     kv = tasks.TaskConfig("kv", 4, n=1, key_format="letters6", value_format="digits4")
