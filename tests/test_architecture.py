@@ -3,6 +3,7 @@ no import circle, and imports inside functions only for optional dependencies.""
 
 import ast
 import collections
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,20 @@ def test_every_module_has_a_layer():
     layer, names = _layer_of(), set(_modules())
     assert names - set(layer) == set(), "place new modules in LAYERS"
     assert set(layer) - names == set(), "LAYERS names modules that do not exist"
+
+
+def test_the_readme_layout_shows_the_layers():
+    """A reader finds any module's layer in the README's layout; it names every module, each under its layer."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text[text.index("lpes_nb/      the package"):text.index("notebooks/    numbered")]
+    shown, layer = collections.defaultdict(set), None
+    for line in block.splitlines()[1:]:
+        if match := re.fullmatch(r"  (\w+):", line):
+            layer = match[1]
+        elif match := re.match(r"    (\w+) ", line):
+            shown[layer].add(match[1])
+    assert list(shown) == list(LAYERS)
+    assert {k: sorted(v) for k, v in shown.items()} == {k: sorted(v) for k, v in LAYERS.items()}
 
 
 def test_imports_only_point_down():
