@@ -389,8 +389,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                # x 5 positions, 100 new tokens)
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=100, task="kv"),
                                                # ~5 min per record there (9.5k tokens x 5 positions, continuations in
-                                               # 512-token pieces); interim until it reaches its 60
-                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=53, task="kv",
+                                               # 512-token pieces)
+                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=60, task="kv",
                                                           prefill_chunk=512))),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
