@@ -97,6 +97,14 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
     return pd.DataFrame(rows), proxy_agreement(tables)
 
 
+def summary_paths(profile: str, dataset: str, items: int, model_name: str, dtype: str):
+    """Where the per-candidate table (CSV) and the agreement (JSON) go. Suffixes are appended, not
+    swapped: model names hold dots ("qwen2.5-coder-0.5b"), which ``Path.with_suffix`` would cut."""
+    stem = f"fitness_proxy_{dataset}_{items}_{model_name}_{dtype}"
+    folder = output_dir("results", profile)
+    return folder / f"{stem}.csv", folder / f"{stem}.json"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.fitness_proxy", description=__doc__)
     parser.add_argument("--dataset", default="mdqa20", choices=sorted(DATASETS))
@@ -114,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
     per_candidate, agreement = run(model, tokenizer, args.model, dtype, args.dataset, args.candidates, args.records, args.seed,
                                    args.items, args.batch_size, args.prefill_chunk, args.profile)
-    stem = output_dir("results", args.profile) / f"fitness_proxy_{args.dataset}_{args.items or DATASETS[args.dataset][1]}_{args.model}_{dtype}"
-    write_csv(stem.with_suffix(".csv"), per_candidate)
-    write_json(stem.with_suffix(".json"), {**agreement, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
+    csv, json = summary_paths(args.profile, args.dataset, args.items or DATASETS[args.dataset][1], args.model, dtype)
+    write_csv(csv, per_candidate)
+    write_json(json, {**agreement, "records": args.records, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
     print(per_candidate.drop(columns="scales").round(4).to_string(index=False))
     print(f"Spearman rho {agreement['rho']:.3f} [{agreement['ci_low']:.3f}, {agreement['ci_high']:.3f}] over "
           f"{agreement['candidates']} candidates, {args.records} records each")

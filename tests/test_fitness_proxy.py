@@ -43,3 +43,10 @@ def test_the_check_runs_on_the_search_part_stores_each_record_and_resumes(tmp_pa
         fitness_proxy.run(**{**args, "dataset": "kv75", "items": 20})
     with pytest.raises(ValueError, match=r"asked for n=61 records of mdqa20/search, which holds 60"):
         fitness_proxy.run(**{**args, "n": 61})
+
+
+def test_the_summary_keeps_the_whole_model_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    csv, json = fitness_proxy.summary_paths("smoke", "mdqa20", 20, "qwen2.5-coder-0.5b", "bfloat16")
+    assert (csv.name, json.name) == ("fitness_proxy_mdqa20_20_qwen2.5-coder-0.5b_bfloat16.csv",
+                                     "fitness_proxy_mdqa20_20_qwen2.5-coder-0.5b_bfloat16.json")
