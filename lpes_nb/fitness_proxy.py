@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
     per_candidate, agreement = run(model, tokenizer, args.model, dtype, args.dataset, args.candidates, args.records, args.seed,
                                    args.items, args.batch_size, args.prefill_chunk, args.profile)
-    csv, json = summary_paths(args.profile, args.dataset, args.items or DATASETS[args.dataset][1], args.model, dtype)
-    write_csv(csv, per_candidate)
-    write_json(json, {**agreement, "records": args.records, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
+    csv_path, json_path = summary_paths(args.profile, args.dataset, args.items or DATASETS[args.dataset][1], args.model, dtype)
+    write_csv(csv_path, per_candidate)
+    write_json(json_path, {**agreement, "records": args.records, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
     print(per_candidate.drop(columns="scales").round(4).to_string(index=False))
     print(f"Spearman rho {agreement['rho']:.3f} [{agreement['ci_low']:.3f}, {agreement['ci_high']:.3f}] over "
           f"{agreement['candidates']} candidates, {args.records} records each")
