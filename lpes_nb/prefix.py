@@ -238,20 +238,32 @@ def stop_ids(model, tokenizer) -> set[int]:
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
+def _batch_kv(kvs: Sequence[KV], lengths: Sequence[int]) -> KV:
+    """The prompts' keys and values left-padded (zeros) into one [B, H_kv, width, D] pair per layer.
+    Each prompt's layer is released as soon as it is copied (its entry in ``kvs`` set to None): holding
+    every prompt's cache beside the batch's doubles decoding's memory (a 7B MHA model, 18 MDQA-20
+    prompts: out of memory on an 80 GB H100, where the plain path fits)."""
+    width, batch = max(lengths), []
+    for layer in range(len(kvs[0])):
+        k0, v0 = kvs[0][layer]
+        keys = k0.new_zeros(len(kvs), k0.shape[1], width, k0.shape[-1])
+        values = v0.new_zeros(len(kvs), v0.shape[1], width, v0.shape[-1])
+        for b, n in enumerate(lengths):
+            k, v = kvs[b][layer]
+            keys[b, :, width - n:], values[b, :, width - n:] = k[0], v[0]
+            kvs[b][layer] = None
+        batch.append((keys, values))
+    return batch
+
+
 def greedy_decode(model, tokenizer, kvs: Sequence[KV], lengths: Sequence[int], first_logits: Sequence[torch.Tensor],
                   max_new_tokens: int, stop_at_newline: bool) -> list[tuple[str, bool]]:
     """Batched greedy decoding from prefilled prompts (their keys and values, left-padded into one
     cache, and their last logits): per prompt the text (cut after its first newline where decoding
-    stops at one) and whether it ended by itself, as :func:`lpes_nb.evaluate.generate_answers`."""
-    width = max(lengths)
-    pad = [width - n for n in lengths]
-
-    def padded(t: torch.Tensor, p: int) -> torch.Tensor:
-        return torch.cat([t.new_zeros(*t.shape[:-2], p, t.shape[-1]), t], dim=-2) if p else t
-
-    kv = [(torch.cat([padded(kvs[b][layer][0], pad[b]) for b in range(len(kvs))]),
-           torch.cat([padded(kvs[b][layer][1], pad[b]) for b in range(len(kvs))])) for layer in range(len(kvs[0]))]
-    cache = _cache(kv)
+    stops at one) and whether it ended by itself, as :func:`lpes_nb.evaluate.generate_answers`.
+    Consumes ``kvs``: each prompt's keys and values are released into the batch's cache."""
+    pad = [max(lengths) - n for n in lengths]
+    cache = _cache(_batch_kv(kvs, lengths))
     mask = torch.tensor([[0] * p + [1] * n for p, n in zip(pad, lengths)], device=model.device)
     position = torch.tensor(lengths, device=model.device)[:, None]
     ends = stop_ids(model, tokenizer)
