@@ -452,13 +452,17 @@ RESUMABLE = {"latency": run_latency, "regime": run_regime}  # these take the bud
 
 
 def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | None = None,
-            inject_wrong_scale: bool = False, carry_models: tuple[str, ...] | None = None) -> dict:
+            inject_wrong_scale: bool = False, carry_models: tuple[str, ...] | None = None,
+            ga_batch_size: int | None = None) -> dict:
     """Run the kit's ``steps`` (skipping those already done under ``out``) within ``budget_s`` seconds;
     the status of each step, by name. ``carry_models`` replaces the plan's models whose weights the
-    carry step packs (``()``: data and tokenizers only, one part, for the shaped models' steps)."""
+    carry step packs (``()``: data and tokenizers only, one part, for the shaped models' steps);
+    ``ga_batch_size`` the ga step's batch (the paper's 16 by default; its result records the one used)."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise ValueError(f"unknown kit step(s) {unknown}; choose from {list(STEPS)}")
+    if ga_batch_size is not None and (isinstance(ga_batch_size, bool) or not isinstance(ga_batch_size, int) or ga_batch_size < 1):
+        raise ValueError(f"ga_batch_size must be an integer >= 1, got {ga_batch_size!r}")
     if not dry and set(steps) - {"carry"} and not torch.cuda.is_available():
         raise RuntimeError("the kit's real run needs a CUDA GPU (none is visible): on a CPU run it with --dry, "
                            "or only its carry step (--steps carry) to pack what a GPU machine without network needs")
@@ -467,6 +471,8 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
     plan = DRY if dry else REAL
     if carry_models is not None:
         plan = replace(plan, carry_models=tuple(carry_models))
+    if ga_batch_size is not None:
+        plan = replace(plan, ga_batch_size=ga_batch_size)
     start, status = time.perf_counter(), {}
     for step in steps:
         done = out / f"{step}.json"
@@ -501,11 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting steps after this many seconds")
     parser.add_argument("--carry-models", nargs="*", choices=REAL.carry_models, default=None,
                         help="carry: only these models' weights (none: data and tokenizers only)")
+    parser.add_argument("--ga-batch-size", type=int, default=None, help="ga: prompts per batch (default: the paper's 16)")
     parser.add_argument("--inject-wrong-scale", action="store_true", help="parity: patch one layer wrongly (the kit must stop)")
     args = parser.parse_args(argv)
     try:
         status = run_kit(args.out, args.dry, args.steps, args.budget_s, args.inject_wrong_scale,
-                         None if args.carry_models is None else tuple(args.carry_models))
+                         None if args.carry_models is None else tuple(args.carry_models), args.ga_batch_size)
     except ParityFailure as e:
         print(f"[gpu_kit] PARITY FAILED: {e}", file=sys.stderr)
         return 2

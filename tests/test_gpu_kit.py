@@ -102,6 +102,17 @@ def test_the_carry_step_packs_only_the_weights_asked_for(tmp_path, monkeypatch):
     assert seen == [(), ("smollm2-135m",), DRY.carry_models]
 
 
+
+def test_the_ga_step_runs_at_the_batch_asked_for(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setitem(gpu_kit.RUNNERS, "ga", lambda out, plan, dry: seen.append(plan.ga_batch_size) or {})
+    gpu_kit.main([str(tmp_path / "a"), "--dry", "--steps", "ga", "--ga-batch-size", "3"])
+    gpu_kit.main([str(tmp_path / "b"), "--dry", "--steps", "ga"])
+    assert seen == [3, DRY.ga_batch_size]
+    assert json.loads((tmp_path / "a" / "ga.json").read_text())["plan"]["ga_batch_size"] == 3
+    with pytest.raises(ValueError, match="ga_batch_size must be an integer >= 1, got 0"):
+        gpu_kit.run_kit(tmp_path / "c", dry=True, steps=("ga",), ga_batch_size=0)
+
 def test_a_missed_layer_is_caught_where_the_logits_cannot_see_it():
     """At the usual 0.02 init a random model attends almost uniformly, as the 7B shapes did on an H200:
     the logits pass a patch that missed a layer, the tables that layer's attention received do not."""
