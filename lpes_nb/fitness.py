@@ -125,6 +125,32 @@ def proxy_agreement(tables: Sequence[pd.DataFrame], proxy_tables: Sequence[pd.Da
                           [weighted_fitness(t, lambdas, proxy_value) for t in proxy_tables])
 
 
+
+def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct", lambdas: Sequence[float] = LAMBDAS,
+                           splits: int = 200, seed: int = 0) -> dict:
+    """Whether a fitness on these records ranks candidates as it would on other records: over
+    ``splits`` random halvings of the records (the ``sample`` column, shared by every candidate's
+    table), Spearman's ρ between the candidates' fitness on one half and on the other, averaged, and
+    stepped up to all the records by Spearman–Brown, 2ρ / (1 + ρ). Near 0, the candidates' differences
+    are sampling noise at this record count: a search on it chases noise, and no proxy can agree with
+    it (a correlation between two fitnesses is bounded by the square root of their reliabilities'
+    product)."""
+    records = sorted(set.intersection(*(set(t["sample"]) for t in tables)))
+    if len(records) < 4:
+        raise ValueError(f"split-half reliability needs >= 4 records shared by every candidate, got {len(records)}")
+    rng, rhos = np.random.default_rng(seed), []
+    for _ in range(splits):
+        half = set(rng.permutation(records)[: len(records) // 2].tolist())
+        a = [weighted_fitness(t[t["sample"].isin(half)], lambdas, value) for t in tables]
+        b = [weighted_fitness(t[t["sample"].isin(records) & ~t["sample"].isin(half)], lambdas, value) for t in tables]
+        if np.ptp(a) > 0 and np.ptp(b) > 0:  # a half where every candidate scores alike ranks nothing
+            rhos.append(float(pd.Series(a).corr(pd.Series(b), method="spearman")))
+    if not rhos:
+        raise ValueError(f"every halving of the {len(records)} records gives every candidate the same {value!r} fitness")
+    rho = float(np.mean(rhos))
+    return {"value": value, "half_rho": rho, "reliability": 2 * rho / (1 + rho) if rho > -1 else float("nan"),
+            "records": len(records), "splits": splits, "ranked_splits": len(rhos)}
+
 class PositionFitness:
     """The GA's fitness: per-layer scales (B, L) -> λ-weighted accuracy at begin / middle / end.
 

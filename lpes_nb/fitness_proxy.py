@@ -2,7 +2,10 @@
 asks for before a search may use one: over ``k`` >= 15 candidate curves, the rank correlation of the
 real fitness (λ-weighted accuracy at begin / middle / end, answers generated and judged as the
 original evaluation) with the proxy (the same weights over the gold answer's teacher-forced
-log-probability), Spearman's ρ with its interval (:func:`lpes_nb.fitness.proxy_agreement`).
+log-probability), Spearman's ρ with its interval (:func:`lpes_nb.fitness.proxy_agreement`), and
+each fitness's split-half reliability over the records (:func:`lpes_nb.fitness.split_half_reliability`):
+a real fitness that does not rank the candidates alike on two halves of the records can agree with
+no proxy, whatever the proxy's quality.
 
 The candidates are drawn uniformly from the search's Bézier space (seeded), and evaluated on the
 *search* part of the data split only (:mod:`lpes_nb.splits`). One generate-mode run with the gold
@@ -25,7 +28,7 @@ from tqdm.auto import tqdm
 from . import splits
 from .data import kv_sample, mdqa_sample, positions_for
 from .evaluate import evaluate_samples
-from .fitness import proxy_agreement, weighted_fitness
+from .fitness import proxy_agreement, split_half_reliability, weighted_fitness
 from .methods import LayerScales
 from .models import QWEN, load_model, load_tokenizer, model_key, resolve_dtype
 from .position_map import load_records, record_settings
@@ -94,7 +97,9 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
     tables = [table.frame(ids) for _, table in pool]
     rows = [{"candidate": c, "real": weighted_fitness(t), "proxy": weighted_fitness(t, value="gold_logprob"), "records": len(ids),
              "scales": scales} for c, ((scales, _), t) in enumerate(zip(pool, tables))]
-    return pd.DataFrame(rows), proxy_agreement(tables)
+    # how well each fitness ranks the candidates on records it has not seen: it bounds their agreement
+    reliability = {"real": split_half_reliability(tables), "proxy": split_half_reliability(tables, "gold_logprob")}
+    return pd.DataFrame(rows), {**proxy_agreement(tables), "reliability": reliability}
 
 
 def summary_paths(profile: str, dataset: str, items: int, model_name: str, dtype: str):
@@ -128,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
     print(per_candidate.drop(columns="scales").round(4).to_string(index=False))
     print(f"Spearman rho {agreement['rho']:.3f} [{agreement['ci_low']:.3f}, {agreement['ci_high']:.3f}] over "
           f"{agreement['candidates']} candidates, {args.records} records each")
+    for name, r in agreement["reliability"].items():
+        print(f"{name} fitness ({r['value']}): split-half rho {r['half_rho']:.3f} (mean of {r['ranked_splits']} halvings), "
+              f"reliability at {r['records']} records {r['reliability']:.3f}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from lpes_nb.fitness import (
     paired_fitness_difference,
     position_table,
     proxy_agreement,
+    split_half_reliability,
     weighted_fitness,
 )
 from lpes_nb.results import ResultCache
@@ -108,3 +109,26 @@ def test_proxy_agreement_ranks_candidates_by_both_fitnesses():
         proxy_agreement([_candidate_table(0.5, lp) for lp in range(15)])
     with pytest.raises(ValueError, match="no column 'gold_logprob'"):
         weighted_fitness(faithful[0].drop(columns="gold_logprob"), value="gold_logprob")
+
+
+def _noisy_tables(true_accuracy, records=20, seed=0):
+    """Candidates whose per-record correctness is Bernoulli(their true accuracy), gold log-prob its
+    true accuracy plus small noise."""
+    rng = np.random.default_rng(seed)
+    return [pd.DataFrame([{"position": p, "sample": r, "correct": float(rng.random() < a), "gold_logprob": a + 0.01 * rng.normal()}
+                          for p in (0, 1, 2) for r in range(records)]) for a in true_accuracy]
+
+
+def test_split_half_reliability_tells_signal_from_sampling_noise():
+    spread = _noisy_tables(np.linspace(0.05, 0.95, 15))  # candidates far apart: halves rank them alike
+    got = split_half_reliability(spread)
+    assert got["half_rho"] > 0.8 and got["reliability"] == pytest.approx(2 * got["half_rho"] / (1 + got["half_rho"]))
+    assert got["records"] == 20 and got["ranked_splits"] == 200
+    alike = _noisy_tables(np.full(15, 0.3))  # equal candidates: what differs is noise
+    assert abs(split_half_reliability(alike)["half_rho"]) < 0.2
+    assert split_half_reliability(alike, value="gold_logprob")["half_rho"] < 0.2  # noise there too
+    assert split_half_reliability(spread, value="gold_logprob")["reliability"] > 0.95
+    with pytest.raises(ValueError, match="needs >= 4 records shared by every candidate, got 3"):
+        split_half_reliability(_noisy_tables(np.linspace(0.1, 0.9, 15), records=3))
+    with pytest.raises(ValueError, match="every halving of the 6 records gives every candidate the same 'correct'"):
+        split_half_reliability([_candidate_table(0.5, lp, records=6) for lp in range(15)])
