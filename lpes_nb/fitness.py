@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
+from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from .data import Sample
@@ -126,30 +127,59 @@ def proxy_agreement(tables: Sequence[pd.DataFrame], proxy_tables: Sequence[pd.Da
 
 
 
-def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct", lambdas: Sequence[float] = LAMBDAS,
-                           splits: int = 200, seed: int = 0) -> dict:
-    """Whether a fitness on these records ranks candidates as it would on other records: over
-    ``splits`` random halvings of the records (the ``sample`` column, shared by every candidate's
-    table), Spearman's ρ between the candidates' fitness on one half and on the other, averaged, and
-    stepped up to all the records by Spearman–Brown, 2ρ / (1 + ρ). Near 0, the candidates' differences
-    are sampling noise at this record count: a search on it chases noise, and no proxy can agree with
-    it (a correlation between two fitnesses is bounded by the square root of their reliabilities'
-    product)."""
+def _per_record(tables: Sequence[pd.DataFrame], value: str) -> np.ndarray:
+    """[candidate, record, position] of ``value`` over the records every table holds (the ``sample``
+    column), positions sorted: a fitness on any set of records is then a mean and a dot product."""
     records = sorted(set.intersection(*(set(t["sample"]) for t in tables)))
-    if len(records) < 4:
-        raise ValueError(f"split-half reliability needs >= 4 records shared by every candidate, got {len(records)}")
+    cubes = [t.pivot_table(index="sample", columns="position", values=value, aggfunc="mean").reindex(records).sort_index(axis=1)
+             for t in tables]
+    if any(c.shape[1] != 3 or c.isna().any().any() for c in cubes):
+        raise ValueError("every candidate needs every shared record at exactly 3 gold positions (begin, middle, end)")
+    return np.stack([c.to_numpy(dtype=float) for c in cubes])
+
+
+def subset_agreement(tables: Sequence[pd.DataFrame], size: int, value: str = "correct", lambdas: Sequence[float] = LAMBDAS,
+                     splits: int = 200, seed: int = 0) -> tuple[float, int]:
+    """How alike a fitness on ``size`` records ranks the candidates on other records: over ``splits``
+    random draws of two disjoint sets of ``size`` records (the ``sample`` column, shared by every
+    candidate's table), Spearman's ρ between the candidates' fitness on one set and on the other,
+    averaged; and how many draws could rank at all (a set where every candidate scores alike ranks
+    nothing and is left out)."""
+    return _subset_agreement(_per_record(tables, value), size, np.asarray(lambdas, dtype=float), splits, seed)
+
+
+def _subset_agreement(cube: np.ndarray, size: int, lambdas: np.ndarray, splits: int, seed: int) -> tuple[float, int]:
+    n = cube.shape[1]
+    if not 1 <= size <= n // 2:
+        raise ValueError(f"size must be in [1, {n // 2}] (two disjoint sets of the {n} shared records), got {size}")
     rng, rhos = np.random.default_rng(seed), []
     for _ in range(splits):
-        half = set(rng.permutation(records)[: len(records) // 2].tolist())
-        a = [weighted_fitness(t[t["sample"].isin(half)], lambdas, value) for t in tables]
-        b = [weighted_fitness(t[t["sample"].isin(records) & ~t["sample"].isin(half)], lambdas, value) for t in tables]
-        if np.ptp(a) > 0 and np.ptp(b) > 0:  # a half where every candidate scores alike ranks nothing
-            rhos.append(float(pd.Series(a).corr(pd.Series(b), method="spearman")))
-    if not rhos:
-        raise ValueError(f"every halving of the {len(records)} records gives every candidate the same {value!r} fitness")
-    rho = float(np.mean(rhos))
+        drawn = rng.permutation(n)
+        fa, fb = (cube[:, drawn[i * size:(i + 1) * size]].mean(axis=1) @ lambdas for i in (0, 1))
+        if np.ptp(fa) > 0 and np.ptp(fb) > 0:
+            rhos.append(float(spearmanr(fa, fb)[0]))
+    return (float(np.mean(rhos)) if rhos else float("nan")), len(rhos)
+
+
+def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct", lambdas: Sequence[float] = LAMBDAS,
+                           splits: int = 200, seed: int = 0) -> dict:
+    """Whether a fitness on these records ranks candidates as it would on other records: the mean
+    Spearman ρ between random halves of the records (:func:`subset_agreement`), stepped up to all the
+    records by Spearman–Brown, 2ρ / (1 + ρ), and the same agreement at every smaller set size
+    (``by_records``: how few records a search could use). Near 0, the candidates' differences are
+    sampling noise at this record count: a search on it chases noise, and no proxy can agree with it
+    (a correlation between two fitnesses is bounded by the square root of their reliabilities' product)."""
+    cube, weights = _per_record(tables, value), np.asarray(lambdas, dtype=float)
+    n = cube.shape[1]
+    if n < 4:
+        raise ValueError(f"split-half reliability needs >= 4 records shared by every candidate, got {n}")
+    rho, ranked = _subset_agreement(cube, n // 2, weights, splits, seed)
+    if not ranked:
+        raise ValueError(f"every halving of the {n} records gives every candidate the same {value!r} fitness")
+    by_records = {size: _subset_agreement(cube, size, weights, splits, seed)[0] for size in range(1, n // 2 + 1)}
     return {"value": value, "half_rho": rho, "reliability": 2 * rho / (1 + rho) if rho > -1 else float("nan"),
-            "records": len(records), "splits": splits, "ranked_splits": len(rhos)}
+            "records": n, "splits": splits, "ranked_splits": ranked, "by_records": by_records}
+
 
 class PositionFitness:
     """The GA's fitness: per-layer scales (B, L) -> λ-weighted accuracy at begin / middle / end.

@@ -14,6 +14,7 @@ from lpes_nb.fitness import (
     position_table,
     proxy_agreement,
     split_half_reliability,
+    subset_agreement,
     weighted_fitness,
 )
 from lpes_nb.results import ResultCache
@@ -124,6 +125,11 @@ def test_split_half_reliability_tells_signal_from_sampling_noise():
     got = split_half_reliability(spread)
     assert got["half_rho"] > 0.8 and got["reliability"] == pytest.approx(2 * got["half_rho"] / (1 + got["half_rho"]))
     assert got["records"] == 20 and got["ranked_splits"] == 200
+    # more records per set, more alike; the halves' agreement is the curve's last point
+    curve = got["by_records"]
+    assert list(curve) == list(range(1, 11)) and curve[10] == got["half_rho"] and curve[1] < curve[4] < curve[10]
+    with pytest.raises(ValueError, match=r"size must be in \[1, 10\] \(two disjoint sets of the 20 shared records\), got 11"):
+        subset_agreement(spread, 11)
     alike = _noisy_tables(np.full(15, 0.3))  # equal candidates: what differs is noise
     assert abs(split_half_reliability(alike)["half_rho"]) < 0.2
     assert split_half_reliability(alike, value="gold_logprob")["half_rho"] < 0.2  # noise there too
