@@ -187,24 +187,36 @@ class PositionFitness:
     ``tie_break`` adds a tiny multiple of the mean gold log-probability so that individuals with the
     same accuracy are ordered by confidence (0 reproduces the paper's pure accuracy fitness). Generate
     mode judges text and yields no log-probability, so there it costs one extra scoring pass of the
-    gold answers per individual."""
+    gold answers per individual. ``value="gold_logprob"`` (score mode, no tie-break) weights the gold
+    answer's teacher-forced log-probability instead of accuracy: the cheaper fitness that
+    :mod:`lpes_nb.fitness_proxy` checks against the real one before a search may use it."""
+
+    VALUES = ("correct", "gold_logprob")
 
     def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
                  lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
-                 tie_break: float = 0.0):
+                 tie_break: float = 0.0, value: str = "correct"):
         if len({s.position for s in samples}) != 3:
             raise ValueError("PositionFitness needs samples at exactly 3 gold positions (begin, middle, end)")
         if len(lambdas) != 3 or any(l < 0 for l in lambdas):
             raise ValueError(f"lambdas must be 3 non-negative weights, got {lambdas!r}")
+        if value not in self.VALUES:
+            raise ValueError(f"value must be one of {self.VALUES}, got {value!r}")
+        if value == "gold_logprob" and (settings.mode != "score" or tie_break):
+            raise ValueError(f"value='gold_logprob' is scored by teacher forcing: it needs settings.mode='score' (got "
+                             f"{settings.mode!r}) and tie_break=0 (got {tie_break!r}; it orders equal accuracies by that log-prob)")
         self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
         self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
+        self.value = value
         self._task_key = dict(**model_key(model_name, model), settings=asdict(settings),
                               samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
 
     def fingerprint(self) -> str:
         """What this fitness measures (model weights and dtype, samples, settings, weights of the
         positions): a GA checkpoint resumes only under the same fingerprint."""
-        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break)
+        # the accuracy fitness's key predates ``value``: its stored checkpoints keep their names
+        extra = {} if self.value == "correct" else {"value": self.value}
+        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break, **extra)
 
     def _evaluate(self, scales: Sequence[float], settings: EvalSettings) -> pd.DataFrame:
         key = cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
@@ -226,7 +238,7 @@ class PositionFitness:
         out = []
         for scales in tqdm(np.atleast_2d(scales_batch), desc="fitness", leave=False):
             df = self.table(scales)
-            fit = weighted_fitness(df, self.lambdas)
+            fit = weighted_fitness(df, self.lambdas, self.value)
             if self.tie_break and "gold_logprob" in df:
                 fit += self.tie_break * float(df["gold_logprob"].mean())
             out.append(fit)

@@ -33,9 +33,10 @@ from .training import answer_batch, backward_answer_nll, frozen
 class SearchRun:
     """How one search runs, besides its task and space: the GA, where its results land (``out_dir``,
     files named ``name``), the judge's settings, the λ weights (Eq. 8), the log-probability
-    tie-break, and where fitness is scored (``backend``: ``"in-process"``, ``"processes"`` — a local
-    pool of ``workers`` — or ``"ray"`` — ``workers`` actors; ``ray_address`` None starts a local Ray,
-    ``"auto"`` joins a cluster; ``num_gpus`` per actor)."""
+    tie-break, what the fitness weights (``value``: accuracy, or the gold answer's log-probability;
+    :class:`~lpes_nb.fitness.PositionFitness`), and where fitness is scored (``backend``:
+    ``"in-process"``, ``"processes"`` — a local pool of ``workers`` — or ``"ray"`` — ``workers``
+    actors; ``ray_address`` None starts a local Ray, ``"auto"`` joins a cluster; ``num_gpus`` per actor)."""
 
     ga: GAConfig
     out_dir: Path
@@ -43,6 +44,7 @@ class SearchRun:
     settings: EvalSettings = EvalSettings()
     lambdas: tuple[float, ...] = LAMBDAS
     tie_break: float = 1e-3
+    value: str = "correct"
     backend: str = "in-process"
     workers: int = 2
     ray_address: str | None = None
@@ -62,7 +64,7 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
     out_dir, name, backend = Path(run.out_dir), run.name, run.backend
     out_dir = Path(out_dir)
     cache_dir = out_dir / "fitness_cache"
-    fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break)
+    fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break, run.value)
     search = GeneticSearch(space, fitness, config, progress=progress)
     # the checkpoint is the search's entry in the result store: keyed by everything that determines
     # the run, so a changed parameter starts a new search and a finished one is only read back
@@ -79,7 +81,7 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
         if not model_name:
             raise ValueError(f"backend {backend!r} needs model_name, so that every worker loads the model itself")
         spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
-                           str(cache_dir))
+                           str(cache_dir), value=run.value)
         with distributed_fitness(spec, backend, run.workers, run.ray_address, run.num_gpus, progress) as remote:
             if remote.fingerprint() != fitness.fingerprint():
                 raise RuntimeError(f"the {backend} workers built a different fitness (fingerprint {remote.fingerprint()}) "

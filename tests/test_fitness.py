@@ -85,6 +85,25 @@ def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, t
     assert len(list(tmp_path.glob("*.csv"))) == 2  # the generated answers and the scoring pass, each cached
 
 
+def test_the_logprob_fitness_weights_the_gold_answers_log_probability(tiny_llama, tokenizer):
+    from lpes_nb.methods import LayerScales
+    from lpes_nb.tasks import EvalSettings
+
+    samples, scales, score = _toy_samples(), [2.0, 1.5, 1.0, 3.0], EvalSettings(mode="score")
+    logprob = PositionFitness(tiny_llama, tokenizer, samples, score, value="gold_logprob")
+    scored = evaluate_samples(tiny_llama, tokenizer, samples, LayerScales(scales), score, progress=False)
+    assert logprob(np.array([scales]))[0] == pytest.approx(weighted_fitness(scored, value="gold_logprob"))
+    accuracy = PositionFitness(tiny_llama, tokenizer, samples, score)
+    assert accuracy(np.array([scales]))[0] == pytest.approx(weighted_fitness(scored))
+    # a checkpoint of one never resumes as the other; the accuracy fitness keeps its key of before
+    assert logprob.fingerprint() != accuracy.fingerprint()
+    with pytest.raises(ValueError, match="needs settings.mode='score' \\(got 'generate'\\)"):
+        PositionFitness(tiny_llama, tokenizer, samples, EvalSettings(mode="generate"), value="gold_logprob")
+    with pytest.raises(ValueError, match="and tie_break=0 \\(got 0.001"):
+        PositionFitness(tiny_llama, tokenizer, samples, score, tie_break=1e-3, value="gold_logprob")
+    with pytest.raises(ValueError, match="value must be one of \\('correct', 'gold_logprob'\\), got 'f1'"):
+        PositionFitness(tiny_llama, tokenizer, samples, score, value="f1")
+
 def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
     """One candidate's per-sample table at 3 positions: ``accuracy`` correct, gold log-prob ``logprob``."""
     k = round(accuracy * records)
