@@ -126,7 +126,6 @@ def proxy_agreement(tables: Sequence[pd.DataFrame], proxy_tables: Sequence[pd.Da
                           [weighted_fitness(t, lambdas, proxy_value) for t in proxy_tables])
 
 
-
 def _per_record(tables: Sequence[pd.DataFrame], value: str) -> np.ndarray:
     """[candidate, record, position] of ``value`` over the records every table holds (the ``sample``
     column), positions sorted: a fitness on any set of records is then a mean and a dot product."""
