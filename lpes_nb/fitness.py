@@ -166,8 +166,9 @@ def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct
     Spearman ρ between random halves of the records (:func:`subset_agreement`), stepped up to all the
     records by Spearman–Brown, 2ρ / (1 + ρ), and the same agreement at every smaller set size
     (``by_records``: how few records a search could use). Near 0, the candidates' differences are
-    sampling noise at this record count: a search on it chases noise, and no proxy can agree with it
-    (a correlation between two fitnesses is bounded by the square root of their reliabilities' product)."""
+    sampling noise at this record count: a search on it chases noise, and no fitness predicts it on
+    other records (that correlation is bounded by the square root of the two reliabilities' product;
+    on the same records a proxy can agree more, through the records' shared noise)."""
     cube, weights = _per_record(tables, value), np.asarray(lambdas, dtype=float)
     n = cube.shape[1]
     if n < 4:

@@ -4,8 +4,8 @@ real fitness (λ-weighted accuracy at begin / middle / end, answers generated an
 original evaluation) with the proxy (the same weights over the gold answer's teacher-forced
 log-probability), Spearman's ρ with its interval (:func:`lpes_nb.fitness.proxy_agreement`), and
 each fitness's split-half reliability over the records (:func:`lpes_nb.fitness.split_half_reliability`):
-a real fitness that does not rank the candidates alike on two halves of the records can agree with
-no proxy, whatever the proxy's quality.
+how alike each ranks the candidates on two disjoint halves of the records (a search on a fitness
+that does not chases sampling noise).
 
 The candidates are drawn uniformly from the search's Bézier space (seeded), and evaluated on the
 *search* part of the data split only (:mod:`lpes_nb.splits`). One generate-mode run with the gold
