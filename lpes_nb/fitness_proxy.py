@@ -97,9 +97,11 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
     tables = [table.frame(ids) for _, table in pool]
     rows = [{"candidate": c, "real": weighted_fitness(t), "proxy": weighted_fitness(t, value="gold_logprob"), "records": len(ids),
              "scales": scales} for c, ((scales, _), t) in enumerate(zip(pool, tables))]
-    # how well each fitness ranks the candidates on records it has not seen: it bounds their agreement
-    reliability = {"real": split_half_reliability(tables), "proxy": split_half_reliability(tables, "gold_logprob")}
-    return pd.DataFrame(rows), {**proxy_agreement(tables), "reliability": reliability}
+    agreement = proxy_agreement(tables)  # refuses candidates that cannot be ranked, whatever the record count
+    # how alike each fitness ranks the candidates on disjoint halves of the records (needs >= 4 records)
+    reliability = (None if len(ids) < 4 else
+                   {"real": split_half_reliability(tables), "proxy": split_half_reliability(tables, "gold_logprob")})
+    return pd.DataFrame(rows), {**agreement, "reliability": reliability}
 
 
 def summary_paths(profile: str, dataset: str, items: int, model_name: str, dtype: str):
@@ -133,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     print(per_candidate.drop(columns="scales").round(4).to_string(index=False))
     print(f"Spearman rho {agreement['rho']:.3f} [{agreement['ci_low']:.3f}, {agreement['ci_high']:.3f}] over "
           f"{agreement['candidates']} candidates, {args.records} records each")
-    for name, r in agreement["reliability"].items():
+    if agreement["reliability"] is None:
+        print("split-half reliability: not computed, it needs >= 4 records")
+    for name, r in (agreement["reliability"] or {}).items():
         print(f"{name} fitness ({r['value']}): split-half rho {r['half_rho']:.3f} (mean of {r['ranked_splits']} halvings), "
               f"reliability at {r['records']} records {r['reliability']:.3f}")
 
