@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .evaluate import evaluate_samples
 from .methods import LayerScales
-from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, u_shape_rho
+from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
 from .models import model_key
 from .results import ResultCache, cache_key
 from .tasks import EvalSettings
@@ -163,8 +163,9 @@ def _subset_agreement(cube: np.ndarray, size: int, lambdas: np.ndarray, splits: 
 def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct", lambdas: Sequence[float] = LAMBDAS,
                            splits: int = 200, seed: int = 0) -> dict:
     """Whether a fitness on these records ranks candidates as it would on other records: the mean
-    Spearman ρ between random halves of the records (:func:`subset_agreement`), stepped up to all the
-    records by Spearman–Brown, 2ρ / (1 + ρ), and the same agreement at every smaller set size
+    Spearman ρ between random halves of the records (:func:`subset_agreement`) with its interval over
+    the candidates (:func:`lpes_nb.metrics.spearman_interval`), stepped up to all the records by
+    Spearman–Brown, 2ρ / (1 + ρ), and the same agreement at every smaller set size
     (``by_records``: how few records a search could use). Near 0, the candidates' differences are
     sampling noise at this record count: a search on it chases noise, and no fitness predicts it on
     other records (that correlation is bounded by the square root of the two reliabilities' product;
@@ -177,7 +178,9 @@ def split_half_reliability(tables: Sequence[pd.DataFrame], value: str = "correct
     if not ranked:
         raise ValueError(f"every halving of the {n} records gives every candidate the same {value!r} fitness")
     by_records = {size: _subset_agreement(cube, size, weights, splits, seed)[0] for size in range(1, n // 2 + 1)}
-    return {"value": value, "half_rho": rho, "reliability": 2 * rho / (1 + rho) if rho > -1 else float("nan"),
+    low, high = spearman_interval(rho, cube.shape[0])  # the candidates are the items ranked
+    return {"value": value, "half_rho": rho, "ci_low": low, "ci_high": high,
+            "reliability": 2 * rho / (1 + rho) if rho > -1 else float("nan"), "candidates": cube.shape[0],
             "records": n, "splits": splits, "ranked_splits": ranked, "by_records": by_records}
 
 

@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     if agreement["reliability"] is None:
         print("split-half reliability: not computed, it needs >= 4 records")
     for name, r in (agreement["reliability"] or {}).items():
-        print(f"{name} fitness ({r['value']}): split-half rho {r['half_rho']:.3f} (mean of {r['ranked_splits']} halvings), "
-              f"reliability at {r['records']} records {r['reliability']:.3f}")
+        print(f"{name} fitness ({r['value']}): split-half rho {r['half_rho']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
+              f"(mean of {r['ranked_splits']} halvings, {r['candidates']} candidates), reliability at {r['records']} records "
+              f"{r['reliability']:.3f}")
 
 
 if __name__ == "__main__":

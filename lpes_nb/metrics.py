@@ -176,9 +176,17 @@ def rank_agreement(real: Sequence[float], proxy: Sequence[float], confidence: fl
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     rho, p = spearmanr(a, b)
-    z, half = np.arctanh(np.clip(rho, -0.999999, 0.999999)), norm.ppf(0.5 + confidence / 2) * np.sqrt(1.06 / (len(a) - 3))
-    return {"rho": float(rho), "ci_low": float(np.tanh(z - half)), "ci_high": float(np.tanh(z + half)),
-            "p": float(p), "candidates": len(a)}
+    low, high = spearman_interval(rho, len(a), confidence)
+    return {"rho": float(rho), "ci_low": low, "ci_high": high, "p": float(p), "candidates": len(a)}
+
+
+def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The interval of a Spearman ρ over ``n`` items: Fisher's z with the Fieller–Hartley–Pearson
+    variance 1.06 / (n − 3)."""
+    if n < 4:
+        raise ValueError(f"a Spearman interval needs n >= 4 items, got {n}")
+    z, half = np.arctanh(np.clip(rho, -0.999999, 0.999999)), norm.ppf(0.5 + confidence / 2) * np.sqrt(1.06 / (n - 3))
+    return float(np.tanh(z - half)), float(np.tanh(z + half))
 
 
 def is_binary(values) -> bool:

@@ -30,6 +30,7 @@ from lpes_nb.metrics import (
     passkey_correct,
     perplexity,
     rank_agreement,
+    spearman_interval,
     u_shape_rho,
 )
 
@@ -208,3 +209,7 @@ def test_rank_agreement_uses_the_rank_correlations_own_variance():
     assert (round(got["ci_low"], 3), round(got["ci_high"], 3)) == (0.711, 0.968)
     with pytest.raises(ValueError, match=r"one value per candidate each, got shapes \(15,\) and \(14,\)"):
         rank_agreement(range(15), range(14))
+    # by hand: z = atanh(0.9) = 1.4722, half = 1.96 · sqrt(1.06 / 12) = 0.5825 → tanh(0.8897), tanh(2.0547)
+    assert tuple(round(v, 3) for v in spearman_interval(0.9, 15)) == (0.711, 0.968)
+    with pytest.raises(ValueError, match="needs n >= 4 items, got 3"):
+        spearman_interval(0.5, 3)

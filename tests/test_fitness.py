@@ -143,7 +143,8 @@ def test_split_half_reliability_tells_signal_from_sampling_noise():
     spread = _noisy_tables(np.linspace(0.05, 0.95, 15))  # candidates far apart: halves rank them alike
     got = split_half_reliability(spread)
     assert got["half_rho"] > 0.8 and got["reliability"] == pytest.approx(2 * got["half_rho"] / (1 + got["half_rho"]))
-    assert got["records"] == 20 and got["ranked_splits"] == 200
+    assert got["records"] == 20 and got["ranked_splits"] == 200 and got["candidates"] == 15
+    assert got["ci_low"] < got["half_rho"] < got["ci_high"] <= 1  # Fisher z over the 15 candidates
     # more records per set, more alike; the halves' agreement is the curve's last point
     curve = got["by_records"]
     assert list(curve) == list(range(1, 11)) and curve[10] == got["half_rho"] and curve[1] < curve[4] < curve[10]
