@@ -4,6 +4,7 @@ begin / middle / end accuracy, and the GA's fitness of per-layer scales on a sea
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 
@@ -221,14 +222,32 @@ class PositionFitness:
         extra = {} if self.value == "correct" else {"value": self.value}
         return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break, **extra)
 
+    def _key(self, scales: Sequence[float], settings: EvalSettings) -> str:
+        return cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
+
     def _evaluate(self, scales: Sequence[float], settings: EvalSettings) -> pd.DataFrame:
-        key = cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
+        key = self._key(scales, settings)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
+        start = time.perf_counter()
         df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=False)
+        # the evaluation's wall time travels with its rows: a resumed search's cost counts what it read back
+        df = df.assign(eval_seconds=round(time.perf_counter() - start, 3))
         if self.cache is not None:
             self.cache.put(key, df)
         return df
+
+    def seconds(self, scales: Sequence[float]) -> float:
+        """Wall seconds the evaluation of ``scales`` took where it was computed (read from the cache,
+        whichever process or sitting computed it; NaN if not cached or cached before it was recorded).
+        With a tie-break in generate mode, its scoring pass is added."""
+        if self.cache is None:
+            return float("nan")
+        passes = [self.settings] + ([replace(self.settings, mode="score")] if self.tie_break and self.settings.mode == "generate" else [])
+        tables = [self.cache.get(self._key(scales, s)) for s in passes]
+        if any(t is None or "eval_seconds" not in t for t in tables):
+            return float("nan")
+        return float(sum(t["eval_seconds"].iloc[0] for t in tables))
 
     def table(self, scales: Sequence[float]) -> pd.DataFrame:
         df = self._evaluate(scales, self.settings)

@@ -36,7 +36,6 @@ from .prefix import check_chunk
 from .results import RecordTable, output_dir, will_compute, write_csv, write_json
 from .search import bezier_space
 
-DATASETS = {"mdqa20": ("mdqa", 20), "kv75": ("kv", 75), "kv140": ("kv", 140)}  # split name -> task, items in the file
 VERSION = 1  # bump when the code behind a stored record changes
 PREFILL_CHUNK = 512  # continuations in pieces (lpes_nb.prefix._pieces): a new study has no one-pass cells to match
 
@@ -57,7 +56,7 @@ def candidates(model, k: int, seed: int = 0) -> list[list[float]]:
 def candidate_table(model_name: str, dtype: str, dataset: str, items: int, scales, batch_size: int, profile: str,
                     prefill_chunk: int | None, model=None) -> RecordTable:
     """Where one candidate's rows live, record by record (``model``: as :func:`lpes_nb.position_map.record_table`'s)."""
-    settings = record_settings(DATASETS[dataset][0], batch_size)
+    settings = record_settings(splits.FILES[dataset][0], batch_size)
     params = {**model_key(model_name, model, dtype), "dataset": dataset, "items": items, "positions": list(fitness_positions(items)),
               "scales": list(scales), "max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline,
               "batch_size": batch_size, "prefill_chunk": prefill_chunk, "version": VERSION}
@@ -70,9 +69,9 @@ def run(model, tokenizer, model_name: str, dtype: str, dataset: str, k: int, n: 
     """The ``k`` candidates on the first ``n`` records of ``dataset``'s search part (MDQA with ``items``
     documents, default the file's 20; KV with all the file's pairs): per candidate its real and
     proxy fitness, and their rank agreement."""
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
-    task, in_file = DATASETS[dataset]
+    if dataset not in splits.FILES:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(splits.FILES)}")
+    task, in_file = splits.FILES[dataset]
     items = in_file if items is None else items
     if task == "kv" and items != in_file:
         raise ValueError(f"{dataset} records hold {in_file} pairs, each prompt all of them; got items={items}")
@@ -114,7 +113,7 @@ def summary_paths(profile: str, dataset: str, items: int, model_name: str, dtype
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.fitness_proxy", description=__doc__)
-    parser.add_argument("--dataset", default="mdqa20", choices=sorted(DATASETS))
+    parser.add_argument("--dataset", default="mdqa20", choices=sorted(splits.FILES))
     parser.add_argument("--items", type=int, help="MDQA: documents per prompt (default the file's 20)")
     parser.add_argument("--candidates", type=int, default=15)
     parser.add_argument("--records", type=int, default=20, help="the first N records of the search part")
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
     per_candidate, agreement = run(model, tokenizer, args.model, dtype, args.dataset, args.candidates, args.records, args.seed,
                                    args.items, args.batch_size, args.prefill_chunk, args.profile)
-    csv_path, json_path = summary_paths(args.profile, args.dataset, args.items or DATASETS[args.dataset][1], args.model, dtype)
+    csv_path, json_path = summary_paths(args.profile, args.dataset, args.items or splits.FILES[args.dataset][1], args.model, dtype)
     write_csv(csv_path, per_candidate)
     write_json(json_path, {**agreement, "records": args.records, "seed": args.seed, "prefill_chunk": args.prefill_chunk})
     print(per_candidate.drop(columns="scales").round(4).to_string(index=False))

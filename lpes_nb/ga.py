@@ -239,6 +239,7 @@ class GAResult:
     summary: pd.DataFrame  # one row per generation
     evaluations: int  # distinct genomes scored
     control_points: list | None = None
+    scored: list[str] | None = None  # every genome scored, in the order scored (``evaluated`` in the history counts them)
 
     def save(self, directory: str | Path, name: str = "ga", **provenance) -> Path:
         """Write ``<name>_history.csv``, ``<name>_summary.csv`` and ``<name>_best.json`` (the scales
@@ -334,6 +335,8 @@ class GeneticSearch:
             scales = self.space.decode(population[i])
             self.state.history.append({
                 "generation": generation, "rank": rank, "genome": _key(population[i]), "fitness": scores[i],
+                # genomes scored so far, crossover children left out of the population included
+                "evaluated": len(self.state.cache),
                 "smoothness": smoothness(scales) if len(scales) >= 3 else float("nan"),
                 "scales": json.dumps([round(float(s), 10) for s in scales]),
             })
@@ -412,6 +415,12 @@ class GeneticSearch:
             return False
         return self._load_checkpoint() and self.state.generation >= self.config.generations
 
+    def stored(self) -> GAResult:
+        """The run as far as its checkpoint goes, finished or not, scoring nothing."""
+        if not self._load_checkpoint():
+            raise FileNotFoundError(f"no checkpoint at {self.checkpoint}: run the search first")
+        return self._result()
+
     def run(self) -> GAResult:
         cfg = self.config
         rng = np.random.default_rng(cfg.seed)
@@ -448,12 +457,14 @@ class GeneticSearch:
         )
         for n in (1, 2, 4, 8):
             summary[f"mean_best_{n}"] = history[history["rank"] < n].groupby("generation")["fitness"].mean()
+        if "evaluated" in history:  # checkpoints written before it was recorded lack it
+            summary["evaluated"] = history.groupby("generation")["evaluated"].max()
         best_row = history.loc[history["fitness"].idxmax()]
         genome = np.asarray(json.loads(best_row["genome"]), dtype=np.int64)
         return GAResult(
             best_genome=genome, best_scales=self.space.decode(genome), best_fitness=float(best_row["fitness"]),
             history=history, summary=summary.reset_index(), evaluations=len(self.state.cache),
-            control_points=self.space.control_points(genome),
+            control_points=self.space.control_points(genome), scored=list(self.state.cache),
         )
 
 

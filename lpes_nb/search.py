@@ -51,6 +51,13 @@ class SearchRun:
     num_gpus: float = 0
 
 
+def search_fitness(model, tokenizer, task: TaskConfig, run: SearchRun, model_name: str = "") -> PositionFitness:
+    """The fitness a search of ``run`` on ``task`` scores with, its evaluations cached under ``run.out_dir``
+    (also how a finished search's evaluations are read back: their cost, their per-sample rows)."""
+    return PositionFitness(model, tokenizer, task.samples(), run.settings, run.lambdas, ResultCache(Path(run.out_dir) / "fitness_cache"),
+                           model_name, run.tie_break, run.value)
+
+
 def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_name: str = "", progress: bool = True) -> GAResult:
     """Run (or resume, or reload) a GA search over ``space`` on ``task``'s samples; results land in
     ``run.out_dir/<run.name>_*``.
@@ -60,11 +67,10 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
     cached on disk by scales, so ablations that meet the same scales never recompute them. On the
     ``processes`` / ``ray`` backends every worker loads ``model_name`` once and builds ``task``'s
     samples itself; only scale vectors and scores travel."""
-    samples, config, settings, lambdas, tie_break = task.samples(), run.ga, run.settings, run.lambdas, run.tie_break
+    config, settings, lambdas, tie_break = run.ga, run.settings, run.lambdas, run.tie_break
     out_dir, name, backend = Path(run.out_dir), run.name, run.backend
-    out_dir = Path(out_dir)
     cache_dir = out_dir / "fitness_cache"
-    fitness = PositionFitness(model, tokenizer, samples, settings, lambdas, ResultCache(cache_dir), model_name, tie_break, run.value)
+    fitness = search_fitness(model, tokenizer, task, run, model_name)
     search = GeneticSearch(space, fitness, config, progress=progress)
     # the checkpoint is the search's entry in the result store: keyed by everything that determines
     # the run, so a changed parameter starts a new search and a finished one is only read back

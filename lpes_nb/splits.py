@@ -23,6 +23,7 @@ SIZES: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = {
     "kv75": (500, (("search", 100), ("validation", 100), ("test", 300))),
     "kv140": (500, (("search", 100), ("validation", 100), ("test", 300))),
 }
+FILES = {"mdqa20": ("mdqa", 20), "kv75": ("kv", 75), "kv140": ("kv", 140)}  # dataset -> task, items per record in the file
 DESCRIPTIONS = {
     "mdqa20": "nq-open-20_total_documents_gold_at_0: 441 questions with 19 real retrieved distractors",
     "kv75": "kv-retrieval-75_keys: 500 records of 75 UUID pairs",

@@ -4,8 +4,10 @@ setting of a task at several gold positions."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+from . import splits
 
 from .data import (
     KV_FILES,
@@ -29,7 +31,9 @@ from .metrics import kv_correct, mdqa_correct, normalize_answer, passkey_correct
 class TaskConfig:
     """A task at several gold positions. ``n`` samples per position; ``offset`` skips the first
     records (keep search and test sets disjoint: different ``seed`` for generated tasks, different
-    ``offset`` for MDQA)."""
+    ``offset`` for MDQA). ``records``: the ids of the real records to use instead (MDQA, or KV with
+    ``source="file"``), e.g. one part of :mod:`lpes_nb.splits` (:meth:`from_split`); then ``n`` is their
+    number and ``offset`` 0."""
 
     task: str = "kv"
     num_items: int = 20  # KV pairs / MDQA documents / passkey filler blocks / two-fact filler sentences
@@ -40,6 +44,27 @@ class TaskConfig:
     key_format: str = "letters6"
     value_format: str = "digits4"
     source: str = "generated"  # KV only: "generated" or "file" (the original 75-pair UUID records)
+    records: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_split(cls, dataset: str, part: str, n: int | None = None, positions: tuple[int, ...] | None = None,
+                   num_items: int | None = None) -> TaskConfig:
+        """The first ``n`` records of ``part`` of ``dataset`` (:func:`lpes_nb.splits.records`), at
+        ``positions``; MDQA with ``num_items`` documents (default: the file's 20)."""
+        ids = splits.records(dataset, part, n)
+        task, in_file = splits.FILES[dataset]
+        if task == "kv":
+            if num_items not in (None, in_file):
+                raise ValueError(f"{dataset} records hold {in_file} pairs, each prompt all of them; got num_items={num_items}")
+            return cls("kv", in_file, n=len(ids), positions=positions, records=tuple(ids), source="file",
+                       key_format="uuid", value_format="uuid")
+        return cls(task, in_file if num_items is None else num_items, n=len(ids), positions=positions, records=tuple(ids))
+
+    def __repr__(self) -> str:
+        # as the dataclass writes it, without ``records`` while unset: stored results keyed by the repr
+        # of a config from before the field existed stay found
+        shown = [f.name for f in fields(self) if f.name != "records" or self.records is not None]
+        return f"TaskConfig({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -53,6 +78,16 @@ class TaskConfig:
         for p in self.positions or ():
             if not 0 <= p < self.num_items:
                 raise ValueError(f"gold position {p} is outside [0, {self.num_items - 1}]")
+        if self.records is not None:
+            if self.task not in ("mdqa", "kv") or (self.task == "kv" and self.source != "file"):
+                raise ValueError(f"records= picks real records: MDQA, or KV with source='file'; got task={self.task!r}, "
+                                 f"source={self.source!r}")
+            ids = self.records
+            if (not isinstance(ids, tuple) or not ids or len(set(ids)) != len(ids)
+                    or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ids)):
+                raise ValueError(f"records must be a non-empty tuple of distinct record ids >= 0, got {ids!r}")
+            if self.n != len(ids) or self.offset:
+                raise ValueError(f"with records, n is their number ({len(ids)}) and offset 0; got n={self.n}, offset={self.offset}")
 
     def gold_positions(self) -> list[int]:
         return list(self.positions) if self.positions else positions_for(self.num_items, 3)
@@ -65,6 +100,8 @@ def _kv(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
     if cfg.source == "file":
         if cfg.num_items not in KV_FILES:
             raise ValueError(f"the original KV files hold {sorted(KV_FILES)} pairs per record, not num_items={cfg.num_items}")
+        if cfg.records is not None:
+            return _picked(load_kv(None, data_dir, cfg.num_items), cfg.records, lambda r, p, i: kv_sample(r, p, i), positions)
         records = load_kv(cfg.offset + cfg.n, data_dir, cfg.num_items)[cfg.offset :]
     else:
         records = generate_kv(cfg.num_items, cfg.n, cfg.seed, cfg.key_format, cfg.value_format)
@@ -72,10 +109,19 @@ def _kv(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
 
 
 def _mdqa(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:
+    if cfg.records is not None:
+        return _picked(load_mdqa(None, data_dir), cfg.records, lambda r, p, i: mdqa_sample(r, p, cfg.num_items, i), positions)
     records = load_mdqa(cfg.offset + cfg.n, data_dir)[cfg.offset :]
     if len(records) < cfg.n:
         raise ValueError(f"only {len(records)} MDQA questions after offset {cfg.offset}, asked for n={cfg.n}")
     return [mdqa_sample(r, p, cfg.num_items, cfg.offset + i) for p in positions for i, r in enumerate(records)]
+
+
+def _picked(data: list[dict], ids: tuple[int, ...], sample: Callable[[dict, int, int], Sample], positions: list[int]) -> list[Sample]:
+    """The samples of the records ``ids`` of a file (each sample's id its record's id, as the map's)."""
+    if max(ids) >= len(data):
+        raise ValueError(f"record {max(ids)} is not in the file, which holds records 0..{len(data) - 1}")
+    return [sample(data[r], p, r) for p in positions for r in ids]
 
 
 def _passkey(cfg: TaskConfig, positions: list[int], data_dir) -> list[Sample]:

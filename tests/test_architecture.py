@@ -17,7 +17,7 @@ LAYERS = {
     "search": ("fitness", "ga", "distributed", "search"),
     "profiles": ("profiles",),
     "studies": ("attention", "representations", "probes", "precision", "calibration", "benchmarks", "throughput",
-                "position_map", "regime_search", "second_model", "fitness_proxy"),
+                "position_map", "regime_search", "second_model", "fitness_proxy", "lpes_at_power"),
     "workbook": ("plots", "widgets", "notebook", "run", "costs", "gpu_kit"),
 }
 OPTIONAL = {"ray", "flash_attn", "voila"}  # may be imported inside the function that needs them

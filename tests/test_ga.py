@@ -97,7 +97,11 @@ def test_fitness_improves_monotonically_and_summary_is_complete():
     assert np.all(np.diff(best) >= 0)  # parents survive, so the best never gets worse
     assert best[-1] > best[0]
     assert list(res.summary.columns) == ["generation", "best", "mean", "smoothness_mean",
-                                         "mean_best_1", "mean_best_2", "mean_best_4", "mean_best_8"]
+                                         "mean_best_1", "mean_best_2", "mean_best_4", "mean_best_8", "evaluated"]
+    # every genome scored is counted, crossover children that did not join the population too
+    evaluated = res.summary["evaluated"].to_numpy()
+    assert evaluated[0] == 32 and np.all(np.diff(evaluated) > 0) and evaluated[-1] == res.evaluations == len(res.scored)
+    assert res.history["genome"].nunique() < res.evaluations
     assert (res.summary["mean_best_1"] == res.summary["best"]).all()
     assert (res.summary["mean_best_8"] <= res.summary["mean_best_4"] + 1e-12).all()
     assert len(res.history) == 32 * 9
