@@ -42,6 +42,7 @@ class FitnessSpec:
     cache_dir: str | None = None  # the on-disk fitness cache (a shared file system on a cluster)
     data_dir: str | None = None
     value: str = "correct"  # what the fitness weights (PositionFitness)
+    prefill_chunk: int | None = None
 
     def build(self) -> PositionFitness:
         global _loads
@@ -49,7 +50,8 @@ class FitnessSpec:
         _loads += 1
         cache = ResultCache(self.cache_dir) if self.cache_dir is not None else None
         return PositionFitness(model, load_tokenizer(self.model_name), self.task.samples(self.data_dir), self.settings,
-                               self.lambdas, cache, self.model_name, self.tie_break, self.value)
+                               self.lambdas, cache, self.model_name, self.tie_break, self.value,
+                               self.prefill_chunk)
 
     __call__ = build  # a spec is the factory the workers call
 

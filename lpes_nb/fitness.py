@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import evaluate_samples
+from .prefix import check_chunk
 from .methods import LayerScales
 from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
 from .models import model_key
@@ -193,13 +194,15 @@ class PositionFitness:
     mode judges text and yields no log-probability, so there it costs one extra scoring pass of the
     gold answers per individual. ``value="gold_logprob"`` (score mode, no tie-break) weights the gold
     answer's teacher-forced log-probability instead of accuracy: the cheaper fitness that
-    :mod:`lpes_nb.fitness_proxy` checks against the real one before a search may use it."""
+    :mod:`lpes_nb.fitness_proxy` checks against the real one before a search may use it.
+    ``prefill_chunk``: continuations in pieces of this many tokens (:func:`lpes_nb.prefix._pieces`),
+    faster for long prompts; part of the fingerprint."""
 
     VALUES = ("correct", "gold_logprob")
 
     def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
                  lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
-                 tie_break: float = 0.0, value: str = "correct"):
+                 tie_break: float = 0.0, value: str = "correct", prefill_chunk: int | None = None):
         if len({s.position for s in samples}) != 3:
             raise ValueError("PositionFitness needs samples at exactly 3 gold positions (begin, middle, end)")
         if len(lambdas) != 3 or any(l < 0 for l in lambdas):
@@ -211,7 +214,8 @@ class PositionFitness:
                              f"{settings.mode!r}) and tie_break=0 (got {tie_break!r}; it orders equal accuracies by that log-prob)")
         self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
         self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
-        self.value = value
+        self.value, self.prefill_chunk = value, prefill_chunk
+        check_chunk(prefill_chunk)
         self._task_key = dict(**model_key(model_name, model), settings=asdict(settings),
                               samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
 
@@ -220,17 +224,23 @@ class PositionFitness:
         positions): a GA checkpoint resumes only under the same fingerprint."""
         # the accuracy fitness's key predates ``value``: its stored checkpoints keep their names
         extra = {} if self.value == "correct" else {"value": self.value}
-        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break, **extra)
+        return cache_key(**self._task_key, lambdas=self.lambdas, tie_break=self.tie_break, **extra, **self._chunk_key())
+
+    def _chunk_key(self) -> dict:
+        # pieces are not bitwise the one-pass result in bf16 (lpes_nb.prefix._pieces); one pass keeps its old keys
+        return {} if self.prefill_chunk is None else {"prefill_chunk": self.prefill_chunk}
 
     def _key(self, scales: Sequence[float], settings: EvalSettings) -> str:
-        return cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)})
+        return cache_key(scales=[round(float(s), 10) for s in scales], **{**self._task_key, "settings": asdict(settings)},
+                         **self._chunk_key())
 
     def _evaluate(self, scales: Sequence[float], settings: EvalSettings) -> pd.DataFrame:
         key = self._key(scales, settings)
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
         start = time.perf_counter()
-        df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=False)
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=False,
+                              prefill_chunk=self.prefill_chunk)
         # the evaluation's wall time travels with its rows: a resumed search's cost counts what it read back
         df = df.assign(eval_seconds=round(time.perf_counter() - start, 3))
         if self.cache is not None:

@@ -35,6 +35,7 @@ from .tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
 GA = GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=8)
+PREFILL_CHUNK = 512  # as the proxy check's log-probs (lpes_nb.fitness_proxy): faster for ~3k-token continuations
 SEARCH_RECORDS = 12  # the proxy's split-half ρ is 0.92 already at 6 records; late candidates are closer
 VALUE = "gold_logprob"
 
@@ -49,7 +50,7 @@ def search_run(seed: int, profile: str, ga: GAConfig = GA, batch_size: int = 8, 
     """Seed ``seed``'s search: the log-prob fitness (score mode, no tie-break), results under the profile's
     ``lpes_at_power/``."""
     return SearchRun(replace(ga, seed=seed), output_dir("results", profile) / "lpes_at_power", f"search_{dataset}_s{seed}",
-                     EvalSettings(mode="score", batch_size=batch_size), tie_break=0.0, value=VALUE)
+                     EvalSettings(mode="score", batch_size=batch_size), tie_break=0.0, value=VALUE, prefill_chunk=PREFILL_CHUNK)
 
 
 def convergence(search: GeneticSearch, fitness: PositionFitness, seed: int) -> pd.DataFrame:

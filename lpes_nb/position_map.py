@@ -27,6 +27,7 @@ from .data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, m
 from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
+from .methods import Method
 from .metrics import proportion_ci, u_shape_rho
 from .models import load_model, load_tokenizer, model_key, resolve_dtype
 from .position_gate import gate
@@ -91,9 +92,10 @@ def record_settings(task: str, batch_size: int) -> EvalSettings:
 
 
 def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str,
-                 prefill_chunk: int | None = None, model=None) -> RecordTable:
+                 prefill_chunk: int | None = None, model=None, method: Method | None = None) -> RecordTable:
     """Where the map's rows of one model, dtype, task and size live, record by record (``model``:
-    ``model_name`` loaded in ``dtype``, where the caller holds it; else it is loaded for its key)."""
+    ``model_name`` loaded in ``dtype``, where the caller holds it; else it is loaded for its key);
+    with ``method``, the same cell under that method (None: the unmodified model, the map itself)."""
     settings = record_settings(task, batch_size)
     positions = list(_at_positions(TaskConfig(task, items)).positions)
     if task == "mdqa":
@@ -106,24 +108,35 @@ def record_table(model_name: str, dtype: str, task: str, items: int, batch_size:
                "shared_prefix": True, "gold_logprob": True, "version": RECORDS_VERSION}
     if prefill_chunk is not None:  # the cells stored before pieces existed keep their keys
         params["prefill_chunk"] = prefill_chunk
+    if method is not None:  # likewise the map's own cells, of the unmodified model
+        params |= {"method": repr(method), "conditions": [POSITIONAL[task]]}
     return RecordTable("position_map_records", params, profile)
 
 
 def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items: int, batch_size: int,
-                prefill_chunk: int | None = None) -> list[dict]:
+                prefill_chunk: int | None = None, method: Method | None = None) -> list[dict]:
     """One real record in the map's record cell: its answers at the map's gold positions (MDQA with
     ``items`` documents, plus closed-book and oracle; KV with its ``items`` pairs), column
     ``condition``, each judged as the original evaluation, with the copy control and the gold
-    answer's teacher-forced log-probability."""
+    answer's teacher-forced log-probability. With ``method``: the record's positional prompts under
+    it (the controls describe the unmodified model); a method that cannot share prefixes answers on
+    the plain path and takes its gold log-probability from a teacher-forced scoring pass, the
+    quantity the shared path computes beside decoding."""
     positions = _at_positions(TaskConfig(task, items)).positions
     if task == "mdqa":
-        samples = ([mdqa_sample(record, g, items, record_id) for g in positions]
-                   + [closed_book_sample(record, record_id), oracle_sample(record, record_id)])
-        conditions = [POSITIONAL[task]] * len(positions) + ["closed_book", "oracle"]
+        samples = [mdqa_sample(record, g, items, record_id) for g in positions]
+        if method is None:
+            samples += [closed_book_sample(record, record_id), oracle_sample(record, record_id)]
     else:
-        samples, conditions = [kv_sample(record, g, record_id) for g in positions], [POSITIONAL[task]] * len(positions)
-    df = evaluate_samples(model, tokenizer, samples, settings=record_settings(task, batch_size), progress=False, gold_logprob=True,
-                          prefill_chunk=prefill_chunk)
+        samples = [kv_sample(record, g, record_id) for g in positions]
+    conditions = [POSITIONAL[task]] * len(positions) + ["closed_book", "oracle"][:len(samples) - len(positions)]
+    settings = record_settings(task, batch_size)
+    if method is None or method.shares_prefix:
+        df = evaluate_samples(model, tokenizer, samples, method, settings, progress=False, gold_logprob=True, prefill_chunk=prefill_chunk)
+    else:
+        df = evaluate_samples(model, tokenizer, samples, method, settings, progress=False, prefill_chunk=prefill_chunk)
+        scored = evaluate_samples(model, tokenizer, samples, method, replace(settings, mode="score"), progress=False)
+        df["gold_logprob"] = scored["gold_logprob"].to_numpy()
     df["condition"] = conditions
     return df.to_dict(orient="records")
 
@@ -145,25 +158,28 @@ class RecordWorker:
     batch_size: int
     data_dir: str | None = None
     prefill_chunk: int | None = None
+    method: Method | None = None
 
     def __call__(self):
         model, tokenizer = load_model(self.model_name, dtype=self.dtype), load_tokenizer(self.model_name)
         data = load_records(self.task, self.items, self.data_dir)
-        return lambda r: record_rows(model, tokenizer, self.task, data[r], r, self.items, self.batch_size, self.prefill_chunk)
+        return lambda r: record_rows(model, tokenizer, self.task, data[r], r, self.items, self.batch_size, self.prefill_chunk,
+                                     self.method)
 
 
 def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items: int, records, batch_size: int, profile: str,
                 progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
-                ray_address: str | None = None, prefill_chunk: int | None = None) -> pd.DataFrame:
+                ray_address: str | None = None, prefill_chunk: int | None = None, method: Method | None = None) -> pd.DataFrame:
     """The map's cell of ``task`` (``"mdqa"`` with ``items`` documents, ``"kv"`` with ``items``
     pairs) on the given real records (ids into the file), each as :func:`record_rows`. Stored record
     by record as each finishes (resumable; records already stored are read, not recomputed).
     ``backend``: ``"in-process"`` evaluates with ``model`` here; ``"processes"`` / ``"ray"`` shard
     the records over ``workers`` workers of the GA's backends (:mod:`lpes_nb.distributed`), each
     loading ``model_name`` once (``model`` may then be None); this process alone writes the store.
-    ``prefill_chunk``: as :class:`~lpes_nb.profiles.RecordCell`'s (part of the cell's key)."""
+    ``prefill_chunk``: as :class:`~lpes_nb.profiles.RecordCell`'s (part of the cell's key).
+    ``method``: the cell under a method (:func:`record_rows`), stored apart from the map's."""
     RecordCell(model_name, dtype, items, 1, task, prefill_chunk)  # validates task, items and chunk
-    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model)
+    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model, method)
     records = [int(r) for r in records]
     done, data = table.done(), load_records(task, items, data_dir)
     bad = [r for r in records if not 0 <= r < len(data)]
@@ -174,10 +190,10 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
         will_compute("position_map_records", table.path)
     with ExitStack() as stack:
         if backend == "in-process" or not todo:
-            results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size, prefill_chunk) for r in todo)
+            results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size, prefill_chunk, method) for r in todo)
         else:
             factory = RecordWorker(model_name, dtype, task, items, batch_size, None if data_dir is None else str(data_dir),
-                                   prefill_chunk)
+                                   prefill_chunk, method)
             pool = stack.enter_context(distributed_fitness(factory, backend, workers, ray_address, progress=False))
             results = pool.map_items(todo)
         for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"{task}-{items} records, {model_name}",

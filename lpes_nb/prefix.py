@@ -179,14 +179,28 @@ def prefill_many(model, groups: Sequence[Sequence[Sequence[int]]], extras=None, 
     every other prompt from its anchor's cache, in batches of at most ``max_batch`` rows and
     ``token_budget`` tokens (rows sorted by length). Per group, per prompt: the last
     ``len(extra) + 1`` logits of prompt + extra; continuations in pieces of ``chunk`` tokens
-    (:func:`_pieces`). Call inside the method's context."""
+    (:func:`_pieces`). A prompt that repeats one before it in its group (another target scored after
+    the same prompt: MDQA's answer aliases) continues from that prompt's own keys and values, so only
+    its last prompt token and its extra are computed. Call inside the method's context."""
     extras = extras or [[[] for _ in g] for g in groups]
-    plans = [PrefixPlan.of(g) for g in groups]
+    plans, source = [], {}  # source: a repeated prompt -> its first occurrence
+    for g, group in enumerate(groups):
+        first: dict[tuple, int] = {}
+        for i, p in enumerate(group):
+            if first.setdefault(tuple(p), i) != i:
+                source[(g, i)] = (g, first[tuple(p)])
+        # the anchor among the distinct prompts: a repeat saves its prompt whichever the anchor is
+        distinct = list(first.values())
+        plan, shared = PrefixPlan.of([group[i] for i in distinct]), [0] * len(group)
+        for d, i in enumerate(distinct):
+            shared[i] = plan.shared[d]
+        plans.append(PrefixPlan(distinct[plan.anchor], tuple(shared)))
     full = [[list(p) + list(e) for p, e in zip(g, x)] for g, x in zip(groups, extras)]
     logits: list[list] = [[None] * len(g) for g in groups]
-    anchor_kv: list = [None] * len(groups)
+    kept: dict[tuple[int, int], KV] = {}  # the prompt-only keys and values a later row continues from
+    needed = {(g, plan.anchor) for g, plan in enumerate(plans)} | set(source.values())
 
-    def run(items, start_of, kv_of, keep_kv):
+    def run(items, start_of, kv_of):
         items = sorted(items, key=lambda gi: len(full[gi[0]][gi[1]]) - start_of(gi))
         batch: list = []
 
@@ -196,9 +210,9 @@ def prefill_many(model, groups: Sequence[Sequence[Sequence[int]]], extras=None, 
             out, kv, mask = _continue_batch(model, rows, keep, chunk)
             for r, (g, i) in enumerate(batch):
                 logits[g][i] = out[r, keep - len(extras[g][i]) - 1:]
-                if keep_kv:  # the anchor's own columns, its prompt only (not its extra tokens)
+                if (g, i) in needed:  # its own columns, its prompt only (not its extra tokens)
                     cols = mask[r].bool().nonzero().squeeze(-1)[: len(groups[g][i])]
-                    anchor_kv[g] = [(k[r:r + 1, :, cols, :], v[r:r + 1, :, cols, :]) for k, v in kv]
+                    kept[(g, i)] = [(k[r:r + 1, :, cols, :], v[r:r + 1, :, cols, :]) for k, v in kv]
             batch.clear()
 
         for item in items:
@@ -210,9 +224,12 @@ def prefill_many(model, groups: Sequence[Sequence[Sequence[int]]], extras=None, 
         if batch:
             flush()
 
-    run([(g, plan.anchor) for g, plan in enumerate(plans)], lambda gi: 0, lambda gi: None, True)
-    others = [(g, i) for g, plan in enumerate(plans) for i in range(len(groups[g])) if i != plan.anchor]
-    run(others, lambda gi: plans[gi[0]].shared[gi[1]], lambda gi: anchor_kv[gi[0]], False)
+    run([(g, plan.anchor) for g, plan in enumerate(plans)], lambda gi: 0, lambda gi: None)
+    others = [(g, i) for g, plan in enumerate(plans) for i in range(len(groups[g])) if i != plan.anchor and (g, i) not in source]
+    run(others, lambda gi: plans[gi[0]].shared[gi[1]], lambda gi: kept[(gi[0], plans[gi[0]].anchor)])
+    # a repeat takes all but the last token of its prompt from its first occurrence (the last one's
+    # logits start its extra, as for every row)
+    run(list(source), lambda gi: len(groups[gi[0]][gi[1]]) - 1, lambda gi: kept[source[gi]])
     return logits
 
 

@@ -34,7 +34,7 @@ class SearchRun:
     """How one search runs, besides its task and space: the GA, where its results land (``out_dir``,
     files named ``name``), the judge's settings, the λ weights (Eq. 8), the log-probability
     tie-break, what the fitness weights (``value``: accuracy, or the gold answer's log-probability;
-    :class:`~lpes_nb.fitness.PositionFitness`), and where fitness is scored (``backend``:
+    :class:`~lpes_nb.fitness.PositionFitness`), its ``prefill_chunk``, and where fitness is scored (``backend``:
     ``"in-process"``, ``"processes"`` — a local pool of ``workers`` — or ``"ray"`` — ``workers``
     actors; ``ray_address`` None starts a local Ray, ``"auto"`` joins a cluster; ``num_gpus`` per actor)."""
 
@@ -45,6 +45,7 @@ class SearchRun:
     lambdas: tuple[float, ...] = LAMBDAS
     tie_break: float = 1e-3
     value: str = "correct"
+    prefill_chunk: int | None = None
     backend: str = "in-process"
     workers: int = 2
     ray_address: str | None = None
@@ -55,7 +56,7 @@ def search_fitness(model, tokenizer, task: TaskConfig, run: SearchRun, model_nam
     """The fitness a search of ``run`` on ``task`` scores with, its evaluations cached under ``run.out_dir``
     (also how a finished search's evaluations are read back: their cost, their per-sample rows)."""
     return PositionFitness(model, tokenizer, task.samples(), run.settings, run.lambdas, ResultCache(Path(run.out_dir) / "fitness_cache"),
-                           model_name, run.tie_break, run.value)
+                           model_name, run.tie_break, run.value, run.prefill_chunk)
 
 
 def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_name: str = "", progress: bool = True) -> GAResult:
@@ -87,7 +88,7 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
         if not model_name:
             raise ValueError(f"backend {backend!r} needs model_name, so that every worker loads the model itself")
         spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
-                           str(cache_dir), value=run.value)
+                           str(cache_dir), value=run.value, prefill_chunk=run.prefill_chunk)
         with distributed_fitness(spec, backend, run.workers, run.ray_address, run.num_gpus, progress) as remote:
             if remote.fingerprint() != fitness.fingerprint():
                 raise RuntimeError(f"the {backend} workers built a different fitness (fingerprint {remote.fingerprint()}) "

@@ -65,10 +65,11 @@ def test_run_search_on_a_process_pool_equals_in_process_and_shares_its_checkpoin
 
 
 def test_a_logprob_fitness_search_runs_on_workers_as_in_process(tmp_path):
-    """The fitness's value travels to the workers (whose fitness must have this process's fingerprint)."""
+    """The fitness's value and prefill chunk travel to the workers (whose fitness must have this
+    process's fingerprint)."""
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     space, score = BezierSpace(4), EvalSettings(mode="score")
-    run = SearchRun(SMALL, tmp_path / "a", "ga", settings=score, tie_break=0.0, value="gold_logprob")
+    run = SearchRun(SMALL, tmp_path / "a", "ga", settings=score, tie_break=0.0, value="gold_logprob", prefill_chunk=5)
     local = run_search(model, tokenizer, TASK, space, run, model_name="tiny-llama", progress=False)
     assert (local.history["fitness"] < 0).all()  # a log-probability, not an accuracy
     pooled = run_search(model, tokenizer, TASK, space, SearchRun(**{**run.__dict__, "out_dir": tmp_path / "b", "backend": "processes"}),

@@ -103,6 +103,12 @@ def test_the_logprob_fitness_weights_the_gold_answers_log_probability(tiny_llama
         PositionFitness(tiny_llama, tokenizer, samples, score, tie_break=1e-3, value="gold_logprob")
     with pytest.raises(ValueError, match="value must be one of \\('correct', 'gold_logprob'\\), got 'f1'"):
         PositionFitness(tiny_llama, tokenizer, samples, score, value="f1")
+    # continuations in pieces: the same value up to summation order, under its own key
+    chunked = PositionFitness(tiny_llama, tokenizer, samples, score, value="gold_logprob", prefill_chunk=3)
+    assert chunked(np.array([scales]))[0] == pytest.approx(logprob(np.array([scales]))[0], abs=1e-4)
+    assert chunked.fingerprint() != logprob.fingerprint()
+    with pytest.raises(ValueError, match="prefill_chunk must be None .* got 0"):
+        PositionFitness(tiny_llama, tokenizer, samples, score, prefill_chunk=0)
 
 def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
     """One candidate's per-sample table at 3 positions: ``accuracy`` correct, gold log-prob ``logprob``."""

@@ -146,3 +146,35 @@ def test_paper_curves_are_the_papers_tables():
     from lpes_nb.data import load_kv
     with pytest.raises(ValueError, match=r"hold \[75, 140\] pairs per record, not pairs=50"):
         load_kv(pairs=50)
+
+
+def test_a_record_cell_under_a_method_is_stored_apart_with_the_gold_logprob_either_path(tmp_path, monkeypatch):
+    """The LPES test evaluates the map's record cells under methods: the map's own key is untouched
+    (pinned above), a method's cell has only the positional prompts, and a method that cannot share
+    prefixes takes its gold log-probability from a teacher-forced pass, the quantity the shared path
+    computes beside decoding (float32: equal to 1e-4 where both paths can run)."""
+    from lpes_nb.data import data_dir
+    from lpes_nb.methods import DynamicNTK, LayerScales
+    from lpes_nb.models import load_model, load_tokenizer
+
+    if not (data_dir() / "mdqa").is_dir():
+        pytest.skip("needs the real MDQA records (../shared/data)")
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    run = dict(model=model, tokenizer=tokenizer, model_name="tiny-llama", dtype="float32", task="mdqa", items=5, records=[7, 2],
+               batch_size=4, profile="smoke", progress=False)
+    plain = position_map.record_cell(**run)
+    scaled = position_map.record_cell(**run, method=LayerScales([1.5] * model.config.num_hidden_layers))
+    ntk = position_map.record_cell(**run, method=DynamicNTK())
+    assert len(plain) == 2 * 7 and len(scaled) == len(ntk) == 2 * 5
+    assert set(scaled["condition"]) == set(ntk["condition"]) == {"documents"}
+    assert list(scaled["sample"]) == [7] * 5 + [2] * 5 and np.isfinite(ntk["gold_logprob"]).all()
+    assert len(list(tmp_path.rglob("position_map_records-*.jsonl"))) == 3
+    assert not np.allclose(scaled["gold_logprob"], plain.loc[plain.condition == "documents", "gold_logprob"])
+
+    # the two ways to the gold log-prob agree: a sharing method's cell against its teacher-forced pass
+    method = LayerScales([1.5] * model.config.num_hidden_layers)
+    samples = [position_map.mdqa_sample(position_map.load_records("mdqa", 5)[7], g, 5, 7) for g in range(5)]
+    scored = position_map.evaluate_samples(model, tokenizer, samples, method, position_map.EvalSettings(mode="score"),
+                                           progress=False, shared_prefix=False)
+    np.testing.assert_allclose(scaled["gold_logprob"][:5], scored["gold_logprob"], atol=1e-4)

@@ -111,6 +111,46 @@ def test_shared_equals_plain_on_qwen(qwen):
     _compare(qwen, load_tokenizer(QWEN), _kv_samples(10, n=1), [lpes(np.linspace(1.0, 2.0, qwen.config.num_hidden_layers))])
 
 
+def test_a_repeated_prompt_continues_from_its_own_keys_and_values():
+    """Several targets after one prompt (MDQA's answer aliases): each repeat computes only its last
+    prompt token and its target, not the prompt's suffix again from the anchor; logits as the plain path."""
+    model = load_model("tiny-llama")
+    a, b = list(range(5, 45)), list(range(5, 25)) + list(range(60, 80))  # share 20 tokens
+    groups = [[a, b, b, b, a]]
+    extras = [[[7, 8], [9], [10, 11, 12], [13], [14]]]
+    computed = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: computed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            logits = prefix.prefill_many(model, groups, extras, max_batch=1)
+    finally:
+        hook.remove()
+    # anchor a (42 tokens with its target), b from the 20 shared (20 + 1), the repeats: last token + target
+    assert sorted(computed) == sorted([42, 21, 1 + 3, 1 + 1, 1 + 1])
+    with torch.inference_mode():
+        for p, e, got in zip(groups[0], extras[0], logits[0]):
+            plain = model(input_ids=torch.tensor([p + e]), logits_to_keep=len(e) + 1).logits[0]
+            assert (got - plain).abs().max() < 1e-4
+    # distinct prompts keep their plan: the anchor is chosen among them, not for its repeats
+    assert prefix.PrefixPlan.of([a, b]).anchor in (0, 1)
+
+
+def test_score_mode_with_answer_aliases_equals_the_plain_path(tokenizer):
+    from lpes_nb.data import data_dir
+
+    if not (data_dir() / "mdqa").is_dir():
+        pytest.skip("needs the real MDQA records (../shared/data)")
+    model = load_model("tiny-llama")
+    samples = TaskConfig.from_split("mdqa20", "search", 4, num_items=5).samples()
+    assert max(len(set(s.answers)) for s in samples) >= 3  # several aliases per prompt
+    score = EvalSettings(mode="score", batch_size=4)
+    for method in (Baseline(), lpes(np.linspace(1.0, 3.0, model.config.num_hidden_layers))):
+        plain = evaluate_samples(model, tokenizer, samples, method, score, shared_prefix=False, progress=False)
+        shared = evaluate_samples(model, tokenizer, samples, method, score, progress=False)
+        assert shared.attrs["shared_prefix"] and plain["correct"].tolist() == shared["correct"].tolist()
+        assert np.abs(plain["gold_logprob"] - shared["gold_logprob"]).max() < 1e-4
+
+
 def test_decoding_holds_one_copy_of_the_prompts_keys_and_values(tokenizer):
     """Each prompt's cache is released into the batch's before the first decoding step: holding both
     doubled decoding's memory (a 7B-shaped model at batch 16 ran out of an 80 GB H100's memory)."""

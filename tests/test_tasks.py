@@ -95,3 +95,42 @@ def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
     assert [s.position for s in samples] == [0, 0, 2, 2, 4, 4]
     df = evaluate_samples(tiny_llama, tokenizer, samples, settings=EvalSettings(mode="generate", max_new_tokens=2), progress=False)
     assert len(df) == 6 and df.correct.isin([0.0, 1.0]).all()
+
+
+def test_a_config_picks_one_part_of_the_split_by_record():
+    if not (data.data_dir() / "mdqa").is_dir():
+        pytest.skip("needs the real MDQA records (../shared/data)")
+    from lpes_nb import splits
+
+    parts = {part: TaskConfig.from_split("mdqa20", part, 5, num_items=6) for part in ("search", "validation", "test")}
+    ids = {part: {s.sample_id for s in cfg.samples()} for part, cfg in parts.items()}
+    for part, cfg in parts.items():
+        assert ids[part] == set(splits.records("mdqa20", part, 5)) and cfg.n == 5 and cfg.num_items == 6
+        samples = cfg.samples()
+        assert len(samples) == 15 and sorted({s.position for s in samples}) == [0, 2, 5]
+        # the same record as the map builds it (its id and its question), whatever part it is in
+        record = data.load_mdqa()[samples[0].sample_id]
+        assert samples[0].prompt == data.mdqa_sample(record, 0, 6, samples[0].sample_id).prompt
+    assert not (ids["search"] & ids["validation"] or ids["search"] & ids["test"] or ids["validation"] & ids["test"])
+    kv = TaskConfig.from_split("kv75", "test", 2)
+    assert kv.source == "file" and {s.sample_id for s in kv.samples()} == set(splits.records("kv75", "test", 2))
+    with pytest.raises(ValueError, match="hold 75 pairs"):
+        TaskConfig.from_split("kv75", "test", 2, num_items=20)
+    with pytest.raises(ValueError, match="60"):
+        TaskConfig.from_split("mdqa20", "search", 61)
+
+
+def test_records_are_checked_and_left_out_of_the_repr_while_unset():
+    # stored results are keyed by this repr, from before ``records`` existed: it must not move
+    assert repr(TaskConfig("mdqa", 20, n=3)) == ("TaskConfig(task='mdqa', num_items=20, n=3, positions=None, seed=0, offset=0, "
+                                                 "key_format='letters6', value_format='digits4', source='generated')")
+    assert repr(TaskConfig("mdqa", 20, n=2, records=(4, 9))).endswith("source='generated', records=(4, 9))")
+    for bad, match in [(dict(records=(1, 1), n=2), "distinct"), (dict(records=[1], n=1), "tuple"), (dict(records=(-1,), n=1), "distinct"),
+                       (dict(records=(1, 2), n=3), "n is their number"), (dict(records=(1,), n=1, offset=2), "offset 0"),
+                       (dict(records=(1,), n=1, task="passkey"), "picks real records"),
+                       (dict(records=(1,), n=1, task="kv"), "picks real records")]:
+        with pytest.raises(ValueError, match=match):
+            TaskConfig(**{"task": "mdqa", "num_items": 20, **bad})
+    if (data.data_dir() / "mdqa").is_dir():
+        with pytest.raises(ValueError, match="record 441 is not in the file"):
+            TaskConfig("mdqa", 5, n=1, records=(441,)).samples()

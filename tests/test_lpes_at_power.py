@@ -1,0 +1,57 @@
+"""The LPES search at power: on the split's search records only, the log-prob fitness, a convergence
+table against the evaluations' recorded wall time, readable from a checkpoint while a search runs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lpes_nb import lpes_at_power, splits
+from lpes_nb.data import data_dir
+from lpes_nb.ga import GAConfig, GeneticSearch
+from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.search import bezier_space, search_fitness
+
+pytestmark = pytest.mark.skipif(not (data_dir() / "mdqa").is_dir(), reason="needs the real MDQA records (../shared/data)")
+GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=2)
+
+
+def test_the_search_runs_on_search_records_with_the_logprob_fitness(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    args = dict(records=2, profile="smoke", ga=GA, progress=False, items=5)
+    table = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, **args)
+
+    task, run = lpes_at_power.search_task(2, items=5), lpes_at_power.search_run(0, "smoke", GA)
+    assert {s.sample_id for s in task.samples()} == set(splits.records("mdqa20", "search", 2))
+    assert run.value == "gold_logprob" and run.settings.mode == "score" and run.tie_break == 0
+    assert list(table["generation"]) == [0, 1, 2] and list(table["evaluated"])[0] == 4
+    assert np.all(np.diff(table["evaluated"]) > 0) and np.all(np.diff(table["hours"]) > 0) and table["hours"].iloc[0] > 0
+    assert np.all(np.diff(table["best"]) >= 0) and (table["best"] < 0).all()  # a mean log-probability
+    fitness = search_fitness(model, tokenizer, task, run, "tiny-llama")
+    # the hours are the sum of the cached evaluations' own times, the unmodified model's line left out
+    search = GeneticSearch(bezier_space(model), fitness, run.ga)
+    search.checkpoint = run.out_dir / f"{run.name}-{search.fingerprint()}.ckpt.json"
+    scored = search.stored().scored
+    seconds = [fitness.seconds(search.space.decode(np.asarray(json.loads(k)))) for k in scored]
+    assert table["hours"].iloc[-1] == pytest.approx(sum(seconds) / 3600)
+    assert table["unmodified"].nunique() == 1 and table["unmodified"].iloc[0] == fitness(np.ones((1, search.space.num_layers)))[0]
+
+    # read back from the checkpoint (what a report on a running search does): the same table, nothing scored
+    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
+    again = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
+    assert again.equals(table)
+
+
+def test_a_report_before_the_search_or_without_recorded_times_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    args = dict(records=2, profile="smoke", ga=GA, progress=False, items=5)
+    with pytest.raises(FileNotFoundError, match="run the search first"):
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
+    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, **args)
+    cache = tmp_path / "results" / "smoke" / "lpes_at_power" / "fitness_cache"
+    victim = sorted(cache.glob("*.csv"))[0]
+    victim.write_text(victim.read_text().replace("eval_seconds", "other"))
+    with pytest.raises(ValueError, match="no recorded time|not cached"):
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
