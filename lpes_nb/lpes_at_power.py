@@ -4,7 +4,7 @@ The position map's paired gate calls a U for Qwen2.5-Coder-0.5B on 20-document M
 Qwen setting, ~3k tokens of a 32k window), so the search runs there, on the *search* part of the
 data split only (:mod:`lpes_nb.splits`; validation and test are other records). The GA has the paper's
 operators and Eq. 8 weights at a CPU budget (population 16: 6 parents, 8 mutations, 2 crossovers;
-8 generations). Its fitness weights the gold answer's teacher-forced log-probability at begin /
+6 generations; 8 search records). Its fitness weights the gold answer's teacher-forced log-probability at begin /
 middle / end, not accuracy: on these records that proxy ranks candidate curves like the real
 fitness (Spearman ρ 0.84 [0.56, 0.95] over 15 curves) and, unlike it, alike on two halves of the
 records (split-half ρ 0.92 against 0.22 for accuracy): ``results/fitness_proxy_mdqa20_*``. Every
@@ -14,7 +14,19 @@ Each seed checkpoints after every generation and caches every evaluation (with i
 disk: a stopped search resumes where it stopped, and its convergence table (best fitness against
 evaluations and CPU-hours) is written from the checkpoint at any point.
 
-Run: ``python -m lpes_nb.lpes_at_power --seeds 0 1 --records 12 --dtype bfloat16`` (Qwen by default).
+Then the **validation** part picks one curve: the ``TOP`` best distinct curves of each seed's finished
+search, scored by the same log-prob fitness on the 60 validation records (where the log-prob ranks
+reproducibly and accuracy on so few records mostly ranks noise), the highest chosen. The **test**
+part (321 records) answers as the position map does (generate mode, the original evaluation's 100
+new tokens, gold at 0 / 5 / 10 / 14 / 19, the gold answer's log-prob beside): the map's own rows are
+the baseline, reused; LPES, its PI twin (one global scale, the curve's mean) and the other methods are
+the map's record cells under a method (:func:`lpes_nb.position_map.record_cell`), stored record by
+record. Each comparison is paired on the records both answered (:func:`lpes_nb.position_gate.method_differences`).
+
+Run (Qwen by default, each step resumable):
+``python -m lpes_nb.lpes_at_power search --seeds 0 1 --dtype bfloat16``,
+``... validate --seeds 0 1``, ``... test --methods LPES PI --records 321``, ``... report`` (convergence of
+the searches as their checkpoints stand).
 """
 
 from __future__ import annotations
@@ -22,22 +34,38 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
+from . import splits
+from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
+from .methods import Method
 from .models import QWEN, load_model, load_tokenizer, resolve_dtype
+from .position_gate import method_differences
+from .position_map import positional_rows, record_cell
 from .results import output_dir, write_csv
 from .search import SearchRun, bezier_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
-GA = GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=8)
+# the plan, measured: one evaluation (8 records x 3 prompts of ~3.1k tokens, score mode, shared
+# prefixes) 215 s on 2 AMD EPYC cores with AVX512-BF16; <= 16 + 6 x 12 = 88 evaluations per seed
+# (each generation scores 8 mutations and both children of 2 crossovers), ~5.3 h; two seeds one night
+GA = GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6)
 PREFILL_CHUNK = 512  # as the proxy check's log-probs (lpes_nb.fitness_proxy): faster for ~3k-token continuations
-SEARCH_RECORDS = 12  # the proxy's split-half ρ is 0.92 already at 6 records; late candidates are closer
+SEARCH_RECORDS = 8  # the proxy ranks random curves alike on two disjoint sets of 6 records (split-half ρ 0.92)
 VALUE = "gold_logprob"
+TOP = 4  # finalists per seed taken to validation
+VALIDATION_RECORDS = 60
+# records of the test part per method: LPES's claims at full power, the other baselines where the
+# budget allows (the issue's plan: >= 300, >= 150, >= 100)
+TEST_RECORDS = {"LPES": 321, "PI": 321, "Ms-PoE": 150, "CALIOPE-Moses": 150, "CALIOPE-Hourglass": 150, "CALIOPE-Decay": 150,
+                "Dynamic NTK": 100, "Attention Buckets": 100, "MoICE": 100}
 
 
 def search_task(records: int = SEARCH_RECORDS, dataset: str = DATASET, items: int | None = None) -> TaskConfig:
@@ -74,41 +102,130 @@ def convergence(search: GeneticSearch, fitness: PositionFitness, seed: int) -> p
                          "unmodified": reference})
 
 
+def searched(model, tokenizer, model_name: str, seed: int, records: int = SEARCH_RECORDS, profile: str = "cpu",
+             ga: GAConfig = GA, batch_size: int = 8, items: int | None = None) -> tuple[GeneticSearch, PositionFitness]:
+    """Seed ``seed``'s search as stored (its checkpoint named by its fingerprint) and its fitness."""
+    task, run, space = search_task(records, items=items), search_run(seed, profile, ga, batch_size), bezier_space(model)
+    fitness = search_fitness(model, tokenizer, task, run, model_name)
+    search = GeneticSearch(space, fitness, run.ga, progress=False)
+    search.checkpoint = run.out_dir / f"{run.name}-{search.fingerprint()}.ckpt.json"
+    return search, fitness
+
+
 def search_seed(model, tokenizer, model_name: str, seed: int, records: int = SEARCH_RECORDS, profile: str = "cpu",
                 ga: GAConfig = GA, batch_size: int = 8, progress: bool = True, report_only: bool = False,
                 items: int | None = None) -> pd.DataFrame:
     """Run (or resume, or read back) seed ``seed``'s search; its convergence table. ``report_only``:
     the table from the checkpoint as it stands (a running search's progress), computing nothing."""
-    task, run, space = search_task(records, items=items), search_run(seed, profile, ga, batch_size), bezier_space(model)
-    fitness = search_fitness(model, tokenizer, task, run, model_name)
+    search, fitness = searched(model, tokenizer, model_name, seed, records, profile, ga, batch_size, items)
     if not report_only:
-        fitness(np.ones((1, space.num_layers)))  # the unmodified model's line, cached before the search
-        run_search(model, tokenizer, task, space, run, model_name=model_name, progress=progress)
-    search = GeneticSearch(space, fitness, run.ga, progress=False)
-    search.checkpoint = run.out_dir / f"{run.name}-{search.fingerprint()}.ckpt.json"
+        fitness(np.ones((1, search.space.num_layers)))  # the unmodified model's line, cached before the search
+        run_search(model, tokenizer, search_task(records, items=items), search.space, search_run(seed, profile, ga, batch_size),
+                   model_name=model_name, progress=progress)
     return convergence(search, fitness, seed)
 
 
+def finalists(model, tokenizer, model_name: str, seeds, top: int = TOP, records: int = SEARCH_RECORDS, profile: str = "cpu",
+              ga: GAConfig = GA, batch_size: int = 8, items: int | None = None) -> pd.DataFrame:
+    """The ``top`` best distinct curves of each seed's finished search: seed, rank, search fitness, scales."""
+    rows = []
+    for seed in seeds:
+        search, _ = searched(model, tokenizer, model_name, seed, records, profile, ga, batch_size, items)
+        result = search.stored()
+        if not search.finished():
+            raise ValueError(f"seed {seed}'s search stands at generation {int(result.summary['generation'].max())} of "
+                             f"{ga.generations}: finish it before validating")
+        best = result.history.drop_duplicates("genome").sort_values("fitness", ascending=False, kind="stable").head(top)
+        rows += [{"seed": seed, "rank": k, "search_fitness": r.fitness, "scales": r.scales} for k, r in enumerate(best.itertuples())]
+    return pd.DataFrame(rows)
+
+
+def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, records: int = VALIDATION_RECORDS, profile: str = "cpu",
+             batch_size: int = 8, items: int | None = None, progress: bool = True) -> pd.DataFrame:
+    """Every finalist and the unmodified model scored by the search's fitness on the validation
+    records; the finalist with the highest score is ``chosen`` (the curve the test takes)."""
+    task = TaskConfig.from_split(DATASET, "validation", records, num_items=items)
+    run = replace(search_run(0, profile, batch_size=batch_size), name="validation")
+    fitness = search_fitness(model, tokenizer, task, run, model_name)
+    scales = np.array([json.loads(s) for s in finals["scales"]])
+    scores = [float(fitness(row[None])[0]) for row in tqdm(scales, desc="validation", disable=not progress)]
+    out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]))
+    return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
+
+
+def methods_for_test(chosen: list[float], names) -> dict[str, Method | None]:
+    """The test's methods by name (``None``: the unmodified model): LPES with the chosen curve, PI with
+    its mean scale (the twin), the others from the benchmark registry (MoICE untrained: no router here)."""
+    unknown = sorted(set(names) - set(TEST_RECORDS) - {"baseline"})
+    if unknown:
+        raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_RECORDS]}")
+    return {name: None if name == "baseline" else METHODS[name](chosen, None) for name in names}
+
+
+def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None], records: dict[str, int] | None = None,
+               profile: str = "cpu", batch_size: int = 8, items: int = 20, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Each method's positional rows on the first ``records[name]`` records of the test part (default
+    :data:`TEST_RECORDS`; the baseline on the most any method takes), computed where not stored."""
+    sizes = {**TEST_RECORDS, **(records or {})}
+    sizes.setdefault("baseline", max(sizes[m] for m in methods if m != "baseline") if len(methods) > 1 else TEST_RECORDS["LPES"])
+    task = splits.FILES[DATASET][0]
+    return {name: positional_rows(record_cell(model, tokenizer, model_name, dtype, task, items,
+                                              splits.records(DATASET, "test", sizes[name]), batch_size, profile, progress,
+                                              method=method))
+            for name, method in methods.items()}
+
+
+def differences_on_test(cells: dict[str, pd.DataFrame], value: str = "correct") -> pd.DataFrame:
+    """Every method against the baseline and LPES against its PI twin, paired on the records both
+    answered: the first n of the test part, n the smaller of the two (a method on 150 records is
+    compared with the baseline's first 150, never with all 321)."""
+    pairs = [(m, "baseline") for m in cells if m != "baseline"] + ([("LPES", "PI")] if {"LPES", "PI"} <= set(cells) else [])
+    return method_differences(cells, pairs, value, on_method_records=True)
+
+
+def _paths(profile: str, model_name: str, dtype: str) -> dict[str, Path]:
+    folder = output_dir("results", profile) / "lpes_at_power"
+    stem = f"{DATASET}_{model_name}_{dtype}"
+    return {name: folder / f"{name}_{stem}.csv" for name in ("convergence", "validation", "test_differences")}
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.lpes_at_power", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lpes_nb.lpes_at_power", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["search", "report", "validate", "test"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--records", type=int, default=SEARCH_RECORDS, help="the first N records of the search part")
+    parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_RECORDS)} (the baseline always)")
+    parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the plan's)")
     parser.add_argument("--model", default=QWEN)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--profile", default="cpu")
-    parser.add_argument("--report", action="store_true", help="only write the convergence table from the checkpoints as they stand")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)
     dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
-    tables = []
-    for seed in args.seeds:
-        tables.append(search_seed(model, tokenizer, args.model, seed, args.records, args.profile, batch_size=args.batch_size,
-                                  report_only=args.report))
-        table = pd.concat(tables, ignore_index=True)
-        write_csv(output_dir("results", args.profile) / "lpes_at_power" / f"convergence_{DATASET}_{args.model}_{dtype}.csv",
-                  table.round(5))
-        print(table.round(4).to_string(index=False))
+    paths = _paths(args.profile, args.model, dtype)
+    if args.step in ("search", "report"):
+        tables = []
+        for seed in args.seeds:
+            tables.append(search_seed(model, tokenizer, args.model, seed, profile=args.profile, batch_size=args.batch_size,
+                                      report_only=args.step == "report"))
+            write_csv(paths["convergence"], pd.concat(tables, ignore_index=True).round(5))
+        print(pd.concat(tables, ignore_index=True).round(4).to_string(index=False))
+    elif args.step == "validate":
+        finals = finalists(model, tokenizer, args.model, args.seeds, profile=args.profile, batch_size=args.batch_size)
+        table = validate(model, tokenizer, args.model, finals, profile=args.profile, batch_size=args.batch_size)
+        write_csv(paths["validation"], table)
+        print(table.drop(columns="scales").round(4).to_string(index=False))
+    else:
+        chosen = pd.read_csv(paths["validation"]).query("chosen")
+        if len(chosen) != 1:
+            raise ValueError(f"{paths['validation']} names {len(chosen)} chosen curves, not one: run the validate step")
+        methods = methods_for_test(json.loads(chosen["scales"].iloc[0]), ["baseline", *args.methods])
+        records = None if args.records is None else {m: args.records for m in methods}
+        cells = cells_on_test(model, tokenizer, args.model, dtype, methods, records, args.profile, args.batch_size)
+        table = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)
+        write_csv(paths["test_differences"], table)
+        print(table[table.position == "average"].round(4).to_string(index=False))
 
 
 if __name__ == "__main__":

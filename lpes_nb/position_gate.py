@@ -22,6 +22,9 @@ family (``gate``). Verdicts:
   could have seen;
 * ``undetermined``: every record has the same difference (all right or all wrong everywhere): no
   variance, no test.
+
+The same pairing compares methods (:func:`method_differences`): a method and a reference answered
+the same records at the same gold positions, so each record carries its own difference.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from .metrics import is_binary, minimum_detectable_effect
+from .metrics import is_binary, minimum_detectable_effect, proportion_ci
 
 CONTRASTS = {
     "ends_minus_middle": lambda f, m, l: (f + l) / 2 - m,
@@ -181,3 +184,72 @@ def differences_to_ends(cell: pd.DataFrame, value: str = "correct", record: str 
         rows.append({"relative_position": float(pos), "n": n, "difference": float(d.mean()),
                      "ci_low": float(d.mean() - half), "ci_high": float(d.mean() + half)})
     return pd.DataFrame(rows)
+
+
+def method_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "correct", record: str = "sample",
+                       position: str = "position", alpha: float = 0.05, on_method_records: bool = False) -> pd.DataFrame:
+    """Methods against references on the same records (``cells``: method -> long table with one
+    ``value`` per record and gold position; ``pairs``: (method, reference) names). Per pair, the
+    difference at each gold position and ``"average"`` over the positions (per record, the mean of its
+    positions: one number per record, so the interval is clustered by record): n, both means, the
+    difference, SE, a 95 % interval (a 0/1 outcome at one position: Newcombe's paired interval and
+    McNemar's exact p; otherwise a t interval and p), the MDE at 80 % power, the p Holm-adjusted over
+    the family (the pairs' averages form one family, the per-position differences another) and a
+    verdict: ``higher`` / ``lower`` where the Holm p < ``alpha``, else ``no difference at MDE x``. A
+    record or position missing from one side is refused, never dropped silently; with
+    ``on_method_records`` the reference may hold more records than the method (a baseline on the
+    whole test part, a method on its first n) and is compared on the method's."""
+    rows = []
+    for method, reference in pairs:
+        missing = [m for m in (method, reference) if m not in cells]
+        if missing:
+            raise ValueError(f"no cell for {missing}; have {sorted(cells)}")
+        wide = {}
+        for name in (method, reference):
+            cell = cells[name]
+            for col in (value, record, position):
+                if col not in cell:
+                    raise ValueError(f"{name}: no column {col!r} (columns: {list(cell.columns)})")
+            if cell.duplicated([record, position]).any():
+                raise ValueError(f"{name}: a record appears twice at one position")
+            wide[name] = cell.pivot(index=record, columns=position, values=value).sort_index().sort_index(axis=1).astype(float)
+        a, b = wide[method], wide[reference]
+        if on_method_records:
+            b = b[b.index.isin(a.index)]
+        if list(a.columns) != list(b.columns) or list(a.index) != list(b.index) or a.isna().any().any() or b.isna().any().any():
+            only = sorted(set(a.index) ^ set(b.index))
+            raise ValueError(f"{method} and {reference} are not paired: records only on one side {only[:5]} "
+                             f"({len(only)}), positions {list(a.columns)} vs {list(b.columns)}; compare the same records "
+                             "at the same positions (a missing answer is not dropped silently)")
+        binary = is_binary(np.concatenate([a.to_numpy().ravel(), b.to_numpy().ravel()]))
+        for pos in [*a.columns, "average"]:
+            x, y = (a[pos], b[pos]) if pos != "average" else (a.mean(axis=1), b.mean(axis=1))
+            x, y = x.to_numpy(), y.to_numpy()
+            d, n = x - y, len(x)
+            se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+            if pos != "average" and binary:
+                low, high = newcombe_paired(x, y)
+                discordant = int(np.sum(x != y))
+                p = float(stats.binomtest(int(np.sum(x > y)), discordant).pvalue) if discordant else 1.0
+            elif se > 0:
+                half = stats.t.ppf(0.975, n - 1) * se
+                low, high, p = d.mean() - half, d.mean() + half, float(stats.ttest_1samp(d, 0.0).pvalue)
+            elif binary:  # no record differs: at most the Wilson bound on the share that could, never [0, 0]
+                bound = proportion_ci(0, n)[1]
+                low, high, p = -bound, bound, 1.0
+            else:
+                low, high, p = float("nan"), float("nan"), 1.0
+            rows.append({"method": method, "reference": reference, "value": value, "position": pos, "n": n,
+                         "method_mean": float(x.mean()), "reference_mean": float(y.mean()), "difference": float(d.mean()),
+                         "se": se, "ci_low": float(low), "ci_high": float(high),
+                         "mde": minimum_detectable_effect(se) if se > 0 else float("nan"), "p": p})
+    out = pd.DataFrame(rows)
+    out["p_holm"] = np.nan
+    for family in (out["position"] == "average", out["position"] != "average"):
+        if family.any():
+            out.loc[family, "p_holm"] = multipletests(out.loc[family, "p"], method="holm")[1]
+    out["verdict"] = [("higher" if r.difference > 0 else "lower") if r.p_holm < alpha else
+                      (f"no difference at MDE {r.mde:.3f}" if np.isfinite(r.mde) else "undetermined: no record differs")
+                      for r in out.itertuples()]
+    return out
+

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .benchmarks import method_key
 from .data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
 from .distributed import distributed_fitness
 from .evaluate import encode, evaluate_samples
@@ -109,7 +110,7 @@ def record_table(model_name: str, dtype: str, task: str, items: int, batch_size:
     if prefill_chunk is not None:  # the cells stored before pieces existed keep their keys
         params["prefill_chunk"] = prefill_chunk
     if method is not None:  # likewise the map's own cells, of the unmodified model
-        params |= {"method": repr(method), "conditions": [POSITIONAL[task]]}
+        params |= {"method": method_key(method), "conditions": [POSITIONAL[task]]}
     return RecordTable("position_map_records", params, profile)
 
 

@@ -55,3 +55,45 @@ def test_a_report_before_the_search_or_without_recorded_times_is_refused(tmp_pat
     victim.write_text(victim.read_text().replace("eval_seconds", "other"))
     with pytest.raises(ValueError, match="no recorded time|not cached"):
         lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
+
+
+def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_records(tmp_path, monkeypatch):
+    from lpes_nb.methods import lpes, pi
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    args = dict(records=2, profile="smoke", ga=GA, items=5)
+    for seed in (0, 1):
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", seed, progress=False, **args)
+    finals = lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0, 1), top=2, **args)
+    assert list(finals["seed"]) == [0, 0, 1, 1] and finals.groupby("seed")["search_fitness"].is_monotonic_decreasing.all()
+    table = lpes_at_power.validate(model, tokenizer, "tiny-llama", finals, records=3, profile="smoke", items=5, progress=False)
+    assert table["chosen"].sum() == 1 and table.loc[table.chosen, "validation"].iloc[0] == table["validation"].max()
+    assert (table["validation"] < 0).all() and table["validation_unmodified"].nunique() == 1
+
+    chosen = json.loads(table.loc[table.chosen, "scales"].iloc[0])
+    methods = lpes_at_power.methods_for_test(chosen, ["baseline", "LPES", "PI"])
+    assert methods["baseline"] is None and methods["PI"].scales == pytest.approx([np.mean(chosen)] * len(chosen))
+    cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 3, "LPES": 2, "PI": 2},
+                                        profile="smoke", items=5, progress=False)
+    test = set(splits.records("mdqa20", "test", 3))
+    assert set(cells["baseline"]["sample"]) == test and set(cells["LPES"]["sample"]) == set(splits.records("mdqa20", "test", 2))
+    assert not test & (set(splits.records("mdqa20", "search")) | set(splits.records("mdqa20", "validation")))
+    diffs = lpes_at_power.differences_on_test(cells, "gold_logprob")
+    assert [tuple(p) for p in diffs[diffs.position == "average"][["method", "reference"]].to_numpy()] == \
+        [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")]
+    assert (diffs["n"] == 2).all() and list(diffs["position"][:5]) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="unknown test method"):
+        lpes_at_power.methods_for_test(chosen, ["LPES", "YaRN"])
+
+
+def test_validation_refuses_an_unfinished_search(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    args = dict(records=2, profile="smoke", ga=GA, items=5)
+    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, progress=False, **args)
+    search, _ = lpes_at_power.searched(model, tokenizer, "tiny-llama", 0, **args)
+    state = json.loads(search.checkpoint.read_text())
+    search.checkpoint.write_text(json.dumps({**state, "generation": 1}))  # as a search stopped after generation 1
+    with pytest.raises(ValueError, match="stands at generation .* of 2: finish it"):
+        lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0,), **args)

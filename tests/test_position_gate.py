@@ -4,7 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb import splits
+from scipy import stats
+
+from lpes_nb import position_gate, splits
 from lpes_nb.position_gate import contrasts, gate, newcombe_paired, paired_wide
 
 
@@ -103,3 +105,54 @@ def test_a_fall_from_the_first_position_to_a_floor_is_primacy_not_a_u():
     fall = {0.0: 0.35, 0.25: 0.15, 0.5: 0.15, 0.75: 0.15, 1.0: 0.16}
     row = gate({"fall": _cell(300, fall, seed=4, noise=0.02)}).iloc[0]
     assert row["p_holm"] < 0.05 and row["verdict"] == "primacy"
+
+
+def _method_cells(n=400, positions=(0, 5, 10, 14, 19), base=0.6, gain=0.08, seed=0):
+    """Two methods on the same records: the method answers right wherever the reference does, and in
+    ``gain / (1 - base)`` of the rest (a paired gain of ``gain`` at every position)."""
+    rng = np.random.default_rng(seed)
+    rows = {"reference": [], "method": [], "null": []}
+    for r in range(n):
+        for p in positions:
+            ref = float(rng.random() < base)
+            rows["reference"].append({"sample": r, "position": p, "correct": ref, "gold_logprob": -1.0 - rng.random()})
+            better = ref or float(rng.random() < gain / (1 - base))
+            rows["method"].append({"sample": r, "position": p, "correct": float(better),
+                                   "gold_logprob": rows["reference"][-1]["gold_logprob"] + 0.1 + 0.05 * rng.normal()})
+            rows["null"].append({"sample": r, "position": p, "correct": float(rng.random() < base), "gold_logprob": -1.5})
+    return {k: pd.DataFrame(v) for k, v in rows.items()}
+
+
+def test_methods_are_compared_paired_by_record_with_holm_and_mde():
+    cells = _method_cells()
+    table = position_gate.method_differences(cells, [("method", "reference"), ("null", "reference")])
+    avg = table[table.position == "average"].set_index("method")
+    assert list(table.position[:6]) == [0, 5, 10, 14, 19, "average"] and (table.n == 400).all()
+    assert avg.loc["method", "difference"] == pytest.approx(0.08, abs=0.02) and avg.loc["method", "ci_low"] > 0.04
+    assert avg.loc["method", "verdict"] == "higher" and avg.loc["method", "mde"] < 0.03
+    assert avg.loc["null", "verdict"].startswith("no difference at MDE") and avg.loc["null", "ci_low"] < 0 < avg.loc["null", "ci_high"]
+    # the averaged difference is one number per record: its interval is the t interval of those
+    d = (cells["method"].groupby("sample").correct.mean() - cells["reference"].groupby("sample").correct.mean()).to_numpy()
+    half = stats.t.ppf(0.975, 399) * d.std(ddof=1) / np.sqrt(400)
+    assert avg.loc["method", "ci_high"] == pytest.approx(d.mean() + half)
+    # Holm over the two averages: the smaller p doubled
+    assert avg["p_holm"].min() == pytest.approx(min(1.0, 2 * avg["p"].min()))
+    # a 0/1 outcome at one position: McNemar's exact p and Newcombe's interval
+    one = table[(table.method == "method") & (table.position == 10)].iloc[0]
+    wide = {m: cells[m][cells[m].position == 10].set_index("sample").correct for m in ("method", "reference")}
+    assert (one.ci_low, one.ci_high) == pytest.approx(position_gate.newcombe_paired(wide["method"].to_numpy(), wide["reference"].to_numpy()))
+    logprob = position_gate.method_differences(cells, [("method", "reference")], value="gold_logprob")
+    assert logprob.loc[logprob.position == "average", "difference"].iloc[0] == pytest.approx(0.1, abs=0.01)
+    assert (logprob.verdict == "higher").all()
+
+
+def test_a_method_comparison_refuses_unpaired_records_and_never_has_zero_width():
+    cells = _method_cells(n=50)
+    short = {**cells, "method": cells["method"][cells["method"]["sample"] != 7]}
+    with pytest.raises(ValueError, match=r"not paired: records only on one side \[7\]"):
+        position_gate.method_differences(short, [("method", "reference")])
+    with pytest.raises(ValueError, match="no cell for \\['PI'\\]"):
+        position_gate.method_differences(cells, [("method", "PI")])
+    same = position_gate.method_differences({**cells, "copy": cells["reference"]}, [("copy", "reference")])
+    assert (same.difference == 0).all() and (same.ci_high > 0).all() and (same.ci_low < 0).all()
+    assert same.verdict.iloc[-1] == "undetermined: no record differs"
