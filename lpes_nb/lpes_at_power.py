@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,7 @@ from .models import QWEN, load_model, load_tokenizer, resolve_dtype
 from .position_gate import method_differences
 from .position_map import positional_rows, record_cell
 from .results import output_dir, write_csv
-from .search import SearchRun, bezier_space, run_search, search_fitness
+from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
@@ -68,17 +68,44 @@ TEST_RECORDS = {"LPES": 321, "PI": 321, "Ms-PoE": 150, "CALIOPE-Moses": 150, "CA
                 "Dynamic NTK": 100, "Attention Buckets": 100, "MoICE": 100}
 
 
-def search_task(records: int = SEARCH_RECORDS, dataset: str = DATASET, items: int | None = None) -> TaskConfig:
-    """The first ``records`` records of the split's search part, at begin / middle / end (MDQA with
-    ``items`` documents; default the file's 20)."""
-    return TaskConfig.from_split(dataset, "search", records, num_items=items)
+SPACES = ("bezier", "linear", "free")  # the curve families at an equal search budget: cubic Bézier, linear, a free scale per layer
 
 
-def search_run(seed: int, profile: str, ga: GAConfig = GA, batch_size: int = 8, dataset: str = DATASET) -> SearchRun:
-    """Seed ``seed``'s search: the log-prob fitness (score mode, no tie-break), results under the profile's
-    ``lpes_at_power/``."""
-    return SearchRun(replace(ga, seed=seed), output_dir("results", profile) / "lpes_at_power", f"search_{dataset}_s{seed}",
-                     EvalSettings(mode="score", batch_size=batch_size), tie_break=0.0, value=VALUE, prefill_chunk=PREFILL_CHUNK)
+@dataclass(frozen=True)
+class Plan:
+    """One search of the study, whatever its seed: on the first ``records`` search records of
+    ``dataset`` (MDQA with ``items`` documents; default the file's), over the curve family ``space``,
+    with the GA ``ga``; results under the profile's ``lpes_at_power/``."""
+
+    dataset: str = DATASET
+    space: str = "bezier"
+    records: int = SEARCH_RECORDS
+    ga: GAConfig = GA
+    batch_size: int = 8
+    items: int | None = None
+    profile: str = "cpu"
+
+    def __post_init__(self):
+        if self.dataset not in splits.FILES:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {sorted(splits.FILES)}")
+        if self.space not in SPACES:
+            raise ValueError(f"unknown search space {self.space!r}; choose one of {SPACES}")
+
+    @property
+    def label(self) -> str:
+        return self.dataset if self.space == "bezier" else f"{self.dataset}_{self.space}"
+
+    def task(self, part: str = "search", records: int | None = None) -> TaskConfig:
+        """The first ``records`` (default the plan's) records of ``part``, at begin / middle / end."""
+        return TaskConfig.from_split(self.dataset, part, records or self.records, num_items=self.items)
+
+    def run(self, seed: int) -> SearchRun:
+        """Seed ``seed``'s search: the log-prob fitness (score mode, no tie-break)."""
+        return SearchRun(replace(self.ga, seed=seed), output_dir("results", self.profile) / "lpes_at_power", f"search_{self.label}_s{seed}",
+                         EvalSettings(mode="score", batch_size=self.batch_size), tie_break=0.0, value=VALUE, prefill_chunk=PREFILL_CHUNK)
+
+    def search_space(self, model):
+        return per_layer_space(model) if self.space == "free" else bezier_space(model, curve=self.space)
 
 
 def convergence(search: GeneticSearch, fitness: PositionFitness, seed: int) -> pd.DataFrame:
@@ -102,51 +129,46 @@ def convergence(search: GeneticSearch, fitness: PositionFitness, seed: int) -> p
                          "unmodified": reference})
 
 
-def searched(model, tokenizer, model_name: str, seed: int, records: int = SEARCH_RECORDS, profile: str = "cpu",
-             ga: GAConfig = GA, batch_size: int = 8, items: int | None = None) -> tuple[GeneticSearch, PositionFitness]:
-    """Seed ``seed``'s search as stored (its checkpoint named by its fingerprint) and its fitness."""
-    task, run, space = search_task(records, items=items), search_run(seed, profile, ga, batch_size), bezier_space(model)
-    fitness = search_fitness(model, tokenizer, task, run, model_name)
-    search = GeneticSearch(space, fitness, run.ga, progress=False)
+def searched(model, tokenizer, model_name: str, seed: int, plan: Plan = Plan()) -> tuple[GeneticSearch, PositionFitness]:
+    """Seed ``seed``'s search of ``plan`` as stored (its checkpoint named by its fingerprint) and its fitness."""
+    run = plan.run(seed)
+    fitness = search_fitness(model, tokenizer, plan.task(), run, model_name)
+    search = GeneticSearch(plan.search_space(model), fitness, run.ga, progress=False)
     search.checkpoint = run.out_dir / f"{run.name}-{search.fingerprint()}.ckpt.json"
     return search, fitness
 
 
-def search_seed(model, tokenizer, model_name: str, seed: int, records: int = SEARCH_RECORDS, profile: str = "cpu",
-                ga: GAConfig = GA, batch_size: int = 8, progress: bool = True, report_only: bool = False,
-                items: int | None = None) -> pd.DataFrame:
-    """Run (or resume, or read back) seed ``seed``'s search; its convergence table. ``report_only``:
-    the table from the checkpoint as it stands (a running search's progress), computing nothing."""
-    search, fitness = searched(model, tokenizer, model_name, seed, records, profile, ga, batch_size, items)
+def search_seed(model, tokenizer, model_name: str, seed: int, plan: Plan = Plan(), progress: bool = True,
+                report_only: bool = False) -> pd.DataFrame:
+    """Run (or resume, or read back) seed ``seed``'s search of ``plan``; its convergence table.
+    ``report_only``: the table from the checkpoint as it stands (a running search's progress), computing nothing."""
+    search, fitness = searched(model, tokenizer, model_name, seed, plan)
     if not report_only:
         fitness(np.ones((1, search.space.num_layers)))  # the unmodified model's line, cached before the search
-        run_search(model, tokenizer, search_task(records, items=items), search.space, search_run(seed, profile, ga, batch_size),
-                   model_name=model_name, progress=progress)
+        run_search(model, tokenizer, plan.task(), search.space, plan.run(seed), model_name=model_name, progress=progress)
     return convergence(search, fitness, seed)
 
 
-def finalists(model, tokenizer, model_name: str, seeds, top: int = TOP, records: int = SEARCH_RECORDS, profile: str = "cpu",
-              ga: GAConfig = GA, batch_size: int = 8, items: int | None = None) -> pd.DataFrame:
+def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top: int = TOP) -> pd.DataFrame:
     """The ``top`` best distinct curves of each seed's finished search: seed, rank, search fitness, scales."""
     rows = []
     for seed in seeds:
-        search, _ = searched(model, tokenizer, model_name, seed, records, profile, ga, batch_size, items)
+        search, _ = searched(model, tokenizer, model_name, seed, plan)
         result = search.stored()
         if not search.finished():
             raise ValueError(f"seed {seed}'s search stands at generation {int(result.summary['generation'].max())} of "
-                             f"{ga.generations}: finish it before validating")
+                             f"{plan.ga.generations}: finish it before validating")
         best = result.history.drop_duplicates("genome").sort_values("fitness", ascending=False, kind="stable").head(top)
         rows += [{"seed": seed, "rank": k, "search_fitness": r.fitness, "scales": r.scales} for k, r in enumerate(best.itertuples())]
     return pd.DataFrame(rows)
 
 
-def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, records: int = VALIDATION_RECORDS, profile: str = "cpu",
-             batch_size: int = 8, items: int | None = None, progress: bool = True) -> pd.DataFrame:
-    """Every finalist and the unmodified model scored by the search's fitness on the validation
-    records; the finalist with the highest score is ``chosen`` (the curve the test takes)."""
-    task = TaskConfig.from_split(DATASET, "validation", records, num_items=items)
-    run = replace(search_run(0, profile, batch_size=batch_size), name="validation")
-    fitness = search_fitness(model, tokenizer, task, run, model_name)
+def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan = Plan(), records: int = VALIDATION_RECORDS,
+             progress: bool = True) -> pd.DataFrame:
+    """Every finalist and the unmodified model scored by the search's fitness on the first ``records``
+    validation records of the plan's dataset; the finalist with the highest score is ``chosen`` (the
+    curve the test takes)."""
+    fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name)
     scales = np.array([json.loads(s) for s in finals["scales"]])
     scores = [float(fitness(row[None])[0]) for row in tqdm(scales, desc="validation", disable=not progress)]
     out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]))
@@ -183,10 +205,9 @@ def differences_on_test(cells: dict[str, pd.DataFrame], value: str = "correct") 
     return method_differences(cells, pairs, value, on_method_records=True)
 
 
-def _paths(profile: str, model_name: str, dtype: str) -> dict[str, Path]:
-    folder = output_dir("results", profile) / "lpes_at_power"
-    stem = f"{DATASET}_{model_name}_{dtype}"
-    return {name: folder / f"{name}_{stem}.csv" for name in ("convergence", "validation", "test_differences")}
+def _paths(plan: Plan, model_name: str, dtype: str) -> dict[str, Path]:
+    folder = output_dir("results", plan.profile) / "lpes_at_power"
+    return {name: folder / f"{name}_{plan.label}_{model_name}_{dtype}.csv" for name in ("convergence", "validation", "test_differences")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["search", "report", "validate", "test"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--dataset", default=DATASET, choices=sorted(splits.FILES), help="search and validation: where to search")
+    parser.add_argument("--space", default="bezier", choices=SPACES, help="search and validation: the curve family")
     parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_RECORDS)} (the baseline always)")
     parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the plan's)")
     parser.add_argument("--model", default=QWEN)
@@ -203,20 +226,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)
     dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
-    paths = _paths(args.profile, args.model, dtype)
+    plan = Plan(args.dataset, args.space, batch_size=args.batch_size, profile=args.profile)
+    paths = _paths(plan, args.model, dtype)
     if args.step in ("search", "report"):
         tables = []
         for seed in args.seeds:
-            tables.append(search_seed(model, tokenizer, args.model, seed, profile=args.profile, batch_size=args.batch_size,
-                                      report_only=args.step == "report"))
+            tables.append(search_seed(model, tokenizer, args.model, seed, plan, report_only=args.step == "report"))
             write_csv(paths["convergence"], pd.concat(tables, ignore_index=True).round(5))
         print(pd.concat(tables, ignore_index=True).round(4).to_string(index=False))
     elif args.step == "validate":
-        finals = finalists(model, tokenizer, args.model, args.seeds, profile=args.profile, batch_size=args.batch_size)
-        table = validate(model, tokenizer, args.model, finals, profile=args.profile, batch_size=args.batch_size)
+        finals = finalists(model, tokenizer, args.model, args.seeds, plan)
+        table = validate(model, tokenizer, args.model, finals, plan)
         write_csv(paths["validation"], table)
         print(table.drop(columns="scales").round(4).to_string(index=False))
     else:
+        if plan != Plan(batch_size=args.batch_size, profile=args.profile):
+            raise ValueError("the test takes the curve chosen on MDQA-20's Bézier search; a transfer test (a curve from "
+                             f"{plan.label}) is not built yet: leave --dataset and --space at their defaults")
         chosen = pd.read_csv(paths["validation"]).query("chosen")
         if len(chosen) != 1:
             raise ValueError(f"{paths['validation']} names {len(chosen)} chosen curves, not one: run the validate step")

@@ -14,15 +14,15 @@ from lpes_nb.search import bezier_space, search_fitness
 
 pytestmark = pytest.mark.skipif(not (data_dir() / "mdqa").is_dir(), reason="needs the real MDQA records (../shared/data)")
 GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=2)
+PLAN = lpes_at_power.Plan(records=2, ga=GA, items=5, profile="smoke")
 
 
 def test_the_search_runs_on_search_records_with_the_logprob_fitness(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
-    args = dict(records=2, profile="smoke", ga=GA, progress=False, items=5)
-    table = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, **args)
+    table = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, progress=False)
 
-    task, run = lpes_at_power.search_task(2, items=5), lpes_at_power.search_run(0, "smoke", GA)
+    task, run = PLAN.task(), PLAN.run(0)
     assert {s.sample_id for s in task.samples()} == set(splits.records("mdqa20", "search", 2))
     assert run.value == "gold_logprob" and run.settings.mode == "score" and run.tie_break == 0
     assert list(table["generation"]) == [0, 1, 2] and list(table["evaluated"])[0] == 4
@@ -39,22 +39,21 @@ def test_the_search_runs_on_search_records_with_the_logprob_fitness(tmp_path, mo
 
     # read back from the checkpoint (what a report on a running search does): the same table, nothing scored
     monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
-    again = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
+    again = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
     assert again.equals(table)
 
 
 def test_a_report_before_the_search_or_without_recorded_times_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
-    args = dict(records=2, profile="smoke", ga=GA, progress=False, items=5)
     with pytest.raises(FileNotFoundError, match="run the search first"):
-        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
-    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, **args)
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
+    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, progress=False)
     cache = tmp_path / "results" / "smoke" / "lpes_at_power" / "fitness_cache"
     victim = sorted(cache.glob("*.csv"))[0]
     victim.write_text(victim.read_text().replace("eval_seconds", "other"))
     with pytest.raises(ValueError, match="no recorded time|not cached"):
-        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, report_only=True, **args)
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
 
 
 def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_records(tmp_path, monkeypatch):
@@ -62,12 +61,11 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
-    args = dict(records=2, profile="smoke", ga=GA, items=5)
     for seed in (0, 1):
-        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", seed, progress=False, **args)
-    finals = lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0, 1), top=2, **args)
+        lpes_at_power.search_seed(model, tokenizer, "tiny-llama", seed, PLAN, progress=False)
+    finals = lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0, 1), PLAN, top=2)
     assert list(finals["seed"]) == [0, 0, 1, 1] and finals.groupby("seed")["search_fitness"].is_monotonic_decreasing.all()
-    table = lpes_at_power.validate(model, tokenizer, "tiny-llama", finals, records=3, profile="smoke", items=5, progress=False)
+    table = lpes_at_power.validate(model, tokenizer, "tiny-llama", finals, PLAN, records=3, progress=False)
     assert table["chosen"].sum() == 1 and table.loc[table.chosen, "validation"].iloc[0] == table["validation"].max()
     assert (table["validation"] < 0).all() and table["validation_unmodified"].nunique() == 1
 
@@ -90,10 +88,21 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
 def test_validation_refuses_an_unfinished_search(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
-    args = dict(records=2, profile="smoke", ga=GA, items=5)
-    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, progress=False, **args)
-    search, _ = lpes_at_power.searched(model, tokenizer, "tiny-llama", 0, **args)
+    lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, progress=False)
+    search, _ = lpes_at_power.searched(model, tokenizer, "tiny-llama", 0, PLAN)
     state = json.loads(search.checkpoint.read_text())
     search.checkpoint.write_text(json.dumps({**state, "generation": 1}))  # as a search stopped after generation 1
     with pytest.raises(ValueError, match="stands at generation .* of 2: finish it"):
-        lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0,), **args)
+        lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0,), PLAN)
+
+
+def test_a_plan_names_its_dataset_and_curve_family_and_keeps_the_first_search_s_name():
+    model = load_model("tiny-llama")
+    assert lpes_at_power.Plan().run(0).name == "search_mdqa20_s0"  # the running search's checkpoint name
+    free = lpes_at_power.Plan("kv75", "free")
+    assert free.run(1).name == "search_kv75_free_s1" and type(free.search_space(model)).__name__ == "PerLayerSpace"
+    assert lpes_at_power.Plan(space="linear").search_space(model).curve == "linear"
+    assert free.task().source == "file" and {s.sample_id for s in free.task().samples()} == set(splits.records("kv75", "search", 8))
+    for bad, match in ((dict(dataset="kv20"), "unknown dataset 'kv20'"), (dict(space="step"), "unknown search space 'step'")):
+        with pytest.raises(ValueError, match=match):
+            lpes_at_power.Plan(**bad)
