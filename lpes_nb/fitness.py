@@ -15,10 +15,10 @@ from tqdm.auto import tqdm
 
 from .data import Sample
 from .evaluate import evaluate_samples
-from .prefix import check_chunk
 from .methods import LayerScales
 from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
 from .models import model_key
+from .prefix import check_chunk
 from .results import ResultCache, cache_key
 from .tasks import EvalSettings
 

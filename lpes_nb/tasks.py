@@ -8,7 +8,6 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from . import splits
-
 from .data import (
     KV_FILES,
     Sample,
