@@ -83,6 +83,8 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     assert (diffs["n"] == 2).all() and list(diffs["position"][:5]) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="unknown test method"):
         lpes_at_power.methods_for_test(chosen, ["LPES", "YaRN"])
+    with pytest.raises(ValueError, match="MoICE needs a router trained on this model"):
+        lpes_at_power.methods_for_test(chosen, ["LPES", "MoICE"])
 
 
 def test_validation_refuses_an_unfinished_search(tmp_path, monkeypatch):
@@ -106,3 +108,38 @@ def test_a_plan_names_its_dataset_and_curve_family_and_keeps_the_first_search_s_
     for bad, match in ((dict(dataset="kv20"), "unknown dataset 'kv20'"), (dict(space="step"), "unknown search space 'step'")):
         with pytest.raises(ValueError, match=match):
             lpes_at_power.Plan(**bad)
+
+
+def test_table1_layout_and_verdicts_per_claim():
+    import pandas as pd
+
+    from lpes_nb.position_gate import method_differences
+
+    rng = np.random.default_rng(0)
+    rel = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+    def cell(p):
+        return pd.DataFrame([{"sample": r, "position": k, "relative_position": x, "correct": float(rng.random() < p)}
+                             for r in range(300) for k, x in enumerate(rel)])
+
+    base = cell(0.5)
+    better = base.assign(correct=np.maximum(base["correct"], (rng.random(len(base)) < 0.2).astype(float)))  # ~ +10 points
+    worse = base.assign(correct=base["correct"] * (rng.random(len(base)) < 0.8))  # ~ -10 points
+    cells = {"baseline": base, "LPES": better, "PI": worse, "Ms-PoE": base.copy()}
+    table = lpes_at_power.table1(cells)
+    ours, paper = table[table.source == "ours"].set_index("method"), table[table.source != "ours"].set_index("method")
+    assert list(table.columns) == ["source", "method", "records", "0", "0.25", "0.5", "0.75", "1", "average"]
+    assert ours.loc["baseline", "records"] == 300 and ours.loc["LPES", "average"] > ours.loc["baseline", "average"] + 5
+    # the paper's Qwen MDQA rows (Table 1: baseline 69.4 / 61.0 / 62.6 / 58.6 / 63.6)
+    assert list(paper.loc["baseline", ["0", "0.25", "0.5", "0.75", "1"]]) == [69.4, 61.0, 62.6, 58.6, 63.6]
+    diffs = method_differences(cells, [("LPES", "baseline"), ("PI", "baseline"), ("Ms-PoE", "baseline"), ("LPES", "PI")],
+                               position="relative_position")
+    verdicts = lpes_at_power.claims(table, diffs).set_index("method")["verdict"]
+    paper_gap = paper.loc["LPES", "average"] - paper.loc["baseline", "average"]
+    assert paper_gap > 0 and verdicts["LPES"].iloc[0] == "reproduced"  # LPES vs baseline, then vs PI
+    pi_claim = paper.loc["PI", "average"] - paper.loc["baseline", "average"]
+    assert verdicts["PI"] == ("opposite" if pi_claim > 0 else "reproduced")
+    assert verdicts["Ms-PoE"] == "undetermined: no record differs"  # the same answers: no test, no negative
+    noisy = {**cells, "Ms-PoE": base.assign(correct=np.where(rng.random(len(base)) < 0.1, 1 - base["correct"], base["correct"]))}
+    diffs = method_differences(noisy, [("Ms-PoE", "baseline")], position="relative_position")
+    assert lpes_at_power.claims(table, diffs)["verdict"].iloc[0].startswith("not reproduced at MDE ")
