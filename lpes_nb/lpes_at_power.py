@@ -286,8 +286,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.step in ("search", "report"):
         tables = []
         for seed in args.seeds:
-            tables.append(search_seed(model, tokenizer, args.model, seed, plan, report_only=args.step == "report"))
+            try:
+                tables.append(search_seed(model, tokenizer, args.model, seed, plan, report_only=args.step == "report"))
+            except FileNotFoundError:
+                if args.step == "search":
+                    raise
+                print(f"seed {seed}: no checkpoint yet (its first generation has not finished)")
+                continue
             write_csv(paths["convergence"], pd.concat(tables, ignore_index=True).round(5))
+        if not tables:
+            raise SystemExit(f"no search of {plan.label} has a checkpoint yet")
         print(pd.concat(tables, ignore_index=True).round(4).to_string(index=False))
     elif args.step == "validate":
         finals = finalists(model, tokenizer, args.model, args.seeds, plan)
