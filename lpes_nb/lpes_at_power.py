@@ -175,24 +175,35 @@ def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan
     return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
 
 
-def methods_for_test(chosen: list[float], names) -> dict[str, Method | None]:
-    """The test's methods by name (``None``: the unmodified model): LPES with the chosen curve, PI with
-    its mean scale (the twin), the others from the benchmark registry."""
+def methods_for_test(chosen: list[float], names, searched_on: str = DATASET) -> dict[str, Method | None]:
+    """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
+    its mean scale (the twin), the others from the benchmark registry. A curve searched on another
+    dataset (the transfer test) labels LPES and its twin "LPES (searched on kv75)" and so on."""
     unknown = sorted(set(names) - set(TEST_RECORDS) - {"baseline"})
     if unknown:
         raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_RECORDS]}")
     if "MoICE" in names:  # its untrained (uniform) mixture is not the paper's method
         raise ValueError("MoICE needs a router trained on this model (lpes_nb.moice.load_or_train), which the test step "
                          "does not train yet; leave MoICE out")
-    return {name: None if name == "baseline" else METHODS[name](chosen, None) for name in names}
+    suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
+    return {name + (suffix if name in ("LPES", "PI") else ""): None if name == "baseline" else METHODS[name](chosen, None)
+            for name in names}
 
 
-def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None], records: dict[str, int] | None = None,
-               profile: str = "cpu", batch_size: int = 8, items: int = 20, progress: bool = True) -> dict[str, pd.DataFrame]:
-    """Each method's positional rows on the first ``records[name]`` records of the test part (default
-    :data:`TEST_RECORDS`; the baseline on the most any method takes), computed where not stored."""
-    sizes = {**TEST_RECORDS, **(records or {})}
-    sizes.setdefault("baseline", max(sizes[m] for m in methods if m != "baseline") if len(methods) > 1 else TEST_RECORDS["LPES"])
+SEARCHED_ON = " (searched on "
+
+
+def _base(label: str) -> str:
+    return label.split(SEARCHED_ON)[0]
+
+
+def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
+                  records: dict[str, int] | None = None, profile: str = "cpu", batch_size: int = 8, items: int = 20,
+                  progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Each method's positional rows on the first ``records[label]`` records of the test part (default
+    :data:`TEST_RECORDS` by method; the baseline on the most any method takes), computed where not stored."""
+    sizes = {label: TEST_RECORDS[_base(label)] for label in methods if label != "baseline"} | (records or {})
+    sizes.setdefault("baseline", max(sizes.values(), default=TEST_RECORDS["LPES"]))
     task = splits.FILES[DATASET][0]
     return {name: positional_rows(record_cell(model, tokenizer, model_name, dtype, task, items,
                                               splits.records(DATASET, "test", sizes[name]), batch_size, profile, progress,
@@ -204,7 +215,8 @@ def differences_on_test(cells: dict[str, pd.DataFrame], value: str = "correct") 
     """Every method against the baseline and LPES against its PI twin, paired on the records both
     answered: the first n of the test part, n the smaller of the two (a method on 150 records is
     compared with the baseline's first 150, never with all 321)."""
-    pairs = [(m, "baseline") for m in cells if m != "baseline"] + ([("LPES", "PI")] if {"LPES", "PI"} <= set(cells) else [])
+    twins = [(m, "PI" + m[len("LPES"):]) for m in cells if _base(m) == "LPES" and "PI" + m[len("LPES"):] in cells]
+    pairs = [(m, "baseline") for m in cells if m != "baseline"] + twins
     return method_differences(cells, pairs, value, on_method_records=True)
 
 
@@ -274,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--space", default="bezier", choices=SPACES, help="search and validation: the curve family")
     parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_RECORDS)} (the baseline always)")
     parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the plan's)")
+    parser.add_argument("--searched-on", default=DATASET, choices=sorted(splits.FILES),
+                        help="test: take the curve chosen on this dataset's search (another than MDQA-20: the transfer test)")
     parser.add_argument("--model", default=QWEN)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -303,13 +317,16 @@ def main(argv: list[str] | None = None) -> None:
         write_csv(paths["validation"], table)
         print(table.drop(columns="scales").round(4).to_string(index=False))
     else:
-        if plan != Plan(batch_size=args.batch_size, profile=args.profile):
-            raise ValueError("the test takes the curve chosen on MDQA-20's Bézier search; a transfer test (a curve from "
-                             f"{plan.label}) is not built yet: leave --dataset and --space at their defaults")
-        chosen = pd.read_csv(paths["validation"]).query("chosen")
+        if plan.space != "bezier":
+            raise ValueError("the test takes a Bézier search's chosen curve; the curve families are compared on validation")
+        # the test is always on MDQA-20's test part; --searched-on names the search that chose the curve,
+        # and the test's tables are named by it (a transfer test never overwrites the in-domain one)
+        paths = _paths(replace(plan, dataset=args.searched_on), args.model, dtype)
+        source = paths["validation"]
+        chosen = pd.read_csv(source).query("chosen")
         if len(chosen) != 1:
-            raise ValueError(f"{paths['validation']} names {len(chosen)} chosen curves, not one: run the validate step")
-        methods = methods_for_test(json.loads(chosen["scales"].iloc[0]), ["baseline", *args.methods])
+            raise ValueError(f"{source} names {len(chosen)} chosen curves, not one: run the validate step")
+        methods = methods_for_test(json.loads(chosen["scales"].iloc[0]), ["baseline", *args.methods], args.searched_on)
         records = None if args.records is None else {m: args.records for m in methods}
         cells = cells_on_test(model, tokenizer, args.model, dtype, methods, records, args.profile, args.batch_size)
         table = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)

@@ -83,6 +83,13 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     assert (diffs["n"] == 2).all() and list(diffs["position"][:5]) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="unknown test method"):
         lpes_at_power.methods_for_test(chosen, ["LPES", "YaRN"])
+    # the transfer test: a curve searched on KV, tested on MDQA beside its own twin
+    transfer = lpes_at_power.methods_for_test(chosen, ["baseline", "LPES", "PI"], searched_on="kv75")
+    assert list(transfer) == ["baseline", "LPES (searched on kv75)", "PI (searched on kv75)"]
+    both = {**cells, "LPES (searched on kv75)": cells["LPES"], "PI (searched on kv75)": cells["PI"]}
+    pairs = lpes_at_power.differences_on_test(both, "gold_logprob").query("position == 'average'")
+    assert ("LPES (searched on kv75)", "PI (searched on kv75)") in set(zip(pairs.method, pairs.reference))
+    assert ("LPES", "PI (searched on kv75)") not in set(zip(pairs.method, pairs.reference))
     with pytest.raises(ValueError, match="MoICE needs a router trained on this model"):
         lpes_at_power.methods_for_test(chosen, ["LPES", "MoICE"])
 
