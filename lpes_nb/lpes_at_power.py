@@ -175,6 +175,13 @@ def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan
     return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
 
 
+SEARCHED_ON = " (searched on "  # the label of a curve searched on another dataset than the test's
+
+
+def _base(label: str) -> str:
+    return label.split(SEARCHED_ON)[0]
+
+
 def methods_for_test(chosen: list[float], names, searched_on: str = DATASET) -> dict[str, Method | None]:
     """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
     its mean scale (the twin), the others from the benchmark registry. A curve searched on another
@@ -189,12 +196,6 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET) -> 
     return {name + (suffix if name in ("LPES", "PI") else ""): None if name == "baseline" else METHODS[name](chosen, None)
             for name in names}
 
-
-SEARCHED_ON = " (searched on "
-
-
-def _base(label: str) -> str:
-    return label.split(SEARCHED_ON)[0]
 
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
