@@ -105,22 +105,30 @@ def contrasts(wide: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for name, fn in CONTRASTS.items():
         d = fn(wide["first"].to_numpy(), wide["middle"].to_numpy(), wide["last"].to_numpy())
-        se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-        if name in PAIRS and binary:
-            x, y = (wide[c].to_numpy() for c in PAIRS[name])
-            low, high = newcombe_paired(x, y)
-            discordant = int(np.sum(x != y))
-            p = float(stats.binomtest(int(np.sum((x == 1) & (y == 0))), discordant).pvalue) if discordant else 1.0
-        elif se > 0:
-            t = stats.t.ppf(0.975, n - 1)
-            low, high = d.mean() - t * se, d.mean() + t * se
-            p = float(stats.ttest_1samp(d, 0.0).pvalue)
-        else:  # every record has the same difference: no interval can be claimed from these data
-            low, high, p = -1.0, 1.0, 1.0
+        pair = tuple(wide[c].to_numpy() for c in PAIRS[name]) if name in PAIRS and binary else None
+        # every record with the same difference: no interval can be claimed from these data
+        se, low, high, p = _paired_test(d, pair, no_variance=(-1.0, 1.0))
         mde = minimum_detectable_effect(se) if se > 0 else float("nan")
         rows.append({"contrast": name, "n": n, "estimate": float(d.mean()), "se": se, "ci_low": float(low),
                      "ci_high": float(high), "mde": mde, "p": p})
     return pd.DataFrame(rows)
+
+
+def _paired_test(d: np.ndarray, pair: tuple[np.ndarray, np.ndarray] | None, no_variance: tuple[float, float]):
+    """SE, 95 % interval and two-sided p of the mean of per-record differences ``d``: for two paired 0/1
+    outcomes (``pair``), Newcombe's interval and McNemar's exact p; otherwise a t interval; where no
+    record's difference varies, the interval ``no_variance`` and p = 1."""
+    n = len(d)
+    se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    if pair is not None:
+        x, y = pair
+        low, high = newcombe_paired(x, y)
+        discordant = int(np.sum(x != y))
+        return se, low, high, float(stats.binomtest(int(np.sum(x > y)), discordant).pvalue) if discordant else 1.0
+    if se > 0:
+        half = stats.t.ppf(0.975, n - 1) * se
+        return se, d.mean() - half, d.mean() + half, float(stats.ttest_1samp(d, 0.0).pvalue)
+    return (se, *no_variance, 1.0)
 
 
 def verdict(row: dict, alpha: float = 0.05) -> str:
@@ -226,19 +234,11 @@ def method_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "corr
             x, y = (a[pos], b[pos]) if pos != "average" else (a.mean(axis=1), b.mean(axis=1))
             x, y = x.to_numpy(), y.to_numpy()
             d, n = x - y, len(x)
-            se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-            if pos != "average" and binary:
-                low, high = newcombe_paired(x, y)
-                discordant = int(np.sum(x != y))
-                p = float(stats.binomtest(int(np.sum(x > y)), discordant).pvalue) if discordant else 1.0
-            elif se > 0:
-                half = stats.t.ppf(0.975, n - 1) * se
-                low, high, p = d.mean() - half, d.mean() + half, float(stats.ttest_1samp(d, 0.0).pvalue)
-            elif binary:  # no record differs: at most the Wilson bound on the share that could, never [0, 0]
-                bound = proportion_ci(0, n)[1]
-                low, high, p = -bound, bound, 1.0
-            else:
-                low, high, p = float("nan"), float("nan"), 1.0
+            # no record differs: at most the Wilson bound on the share that could (never [0, 0]); a
+            # continuous value alike on every record has no interval
+            bound = proportion_ci(0, n)[1]
+            se, low, high, p = _paired_test(d, (x, y) if pos != "average" and binary else None,
+                                            (-bound, bound) if binary else (float("nan"), float("nan")))
             rows.append({"method": method, "reference": reference, "value": value, "position": pos, "n": n,
                          "method_mean": float(x.mean()), "reference_mean": float(y.mean()), "difference": float(d.mean()),
                          "se": se, "ci_low": float(low), "ci_high": float(high),
