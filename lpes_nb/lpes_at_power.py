@@ -16,7 +16,9 @@ evaluations and CPU-hours) is written from the checkpoint at any point.
 
 Then the **validation** part picks one curve: the ``TOP`` best distinct curves of each seed's finished
 search, scored by the same log-prob fitness on the 60 validation records (where the log-prob ranks
-reproducibly and accuracy on so few records mostly ranks noise), the highest chosen. The **test**
+reproducibly and accuracy on so few records mostly ranks noise), the highest chosen and exported as
+a scales JSON with the identity of the model it was found on and the search's provenance
+(``chosen_scales_*.json``; the test step reads it back, and refuses it on any other model). The **test**
 part (321 records) answers as the position map does (generate mode, the original evaluation's 100
 new tokens, gold at 0 / 5 / 10 / 14 / 19, the gold answer's log-prob beside): the map's own rows are
 the baseline, reused; LPES, its PI twin (one global scale, the curve's mean) and the other methods are
@@ -45,10 +47,10 @@ from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
 from .methods import Method
-from .models import QWEN, load_model, load_tokenizer, resolve_dtype
+from .models import QWEN, load_model, load_tokenizer, model_identity, resolve_dtype
 from .position_gate import method_differences
 from .position_map import RELATIVE_POSITIONS, positional_rows, record_cell
-from .results import output_dir, write_csv
+from .results import output_dir, read_scales, save_scales, write_csv
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
 
@@ -175,6 +177,23 @@ def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan
     return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
 
 
+def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan: Plan = Plan()) -> Path:
+    """The chosen curve of a :func:`validate` ``table`` as a scales JSON at ``path``: the scales, the
+    identity of the model they were found on (read back on another model, they are refused) and how
+    they were found (the search's records, GA, fitness and dtype; the finalist's seed, rank and scores)."""
+    chosen = table[table["chosen"]]
+    if len(chosen) != 1:
+        raise ValueError(f"the validation table names {len(chosen)} chosen curves, not one")
+    row = chosen.iloc[0]
+    return save_scales(path, json.loads(row["scales"]), model=model_identity(model, model_name),
+                       dtype=str(model.dtype).removeprefix("torch."), dataset=plan.dataset, space=plan.space,
+                       search_records=splits.records(plan.dataset, "search", plan.records), ga=repr(plan.ga),
+                       seeds=sorted(int(s) for s in table["seed"].unique()), fitness=f"{VALUE}, Eq. 8 weights",
+                       seed=int(row["seed"]), rank=int(row["rank"]), search_fitness=float(row["search_fitness"]),
+                       validation_records=VALIDATION_RECORDS, validation=float(row["validation"]),
+                       validation_unmodified=float(row["validation_unmodified"]))
+
+
 SEARCHED_ON = " (searched on "  # the label of a curve searched on another dataset than the test's
 
 
@@ -275,7 +294,8 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
 
 def _paths(plan: Plan, model_name: str, dtype: str) -> dict[str, Path]:
     folder = output_dir("results", plan.profile) / "lpes_at_power"
-    return {name: folder / f"{name}_{plan.label}_{model_name}_{dtype}.csv" for name in ("convergence", "validation", "test_differences", "table1", "claims")}
+    paths = {name: folder / f"{name}_{plan.label}_{model_name}_{dtype}.csv" for name in ("convergence", "validation", "test_differences", "table1", "claims")}
+    return paths | {"chosen": folder / f"chosen_scales_{plan.label}_{model_name}_{dtype}.json"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -316,18 +336,19 @@ def main(argv: list[str] | None = None) -> None:
         finals = finalists(model, tokenizer, args.model, args.seeds, plan)
         table = validate(model, tokenizer, args.model, finals, plan)
         write_csv(paths["validation"], table)
+        export_chosen(paths["chosen"], table, model, args.model, plan)
         print(table.drop(columns="scales").round(4).to_string(index=False))
+        print(f"chosen curve exported to {paths['chosen']}")
     else:
         if plan.space != "bezier":
             raise ValueError("the test takes a Bézier search's chosen curve; the curve families are compared on validation")
         # the test is always on MDQA-20's test part; --searched-on names the search that chose the curve,
         # and the test's tables are named by it (a transfer test never overwrites the in-domain one)
         paths = _paths(replace(plan, dataset=args.searched_on), args.model, dtype)
-        source = paths["validation"]
-        chosen = pd.read_csv(source).query("chosen")
-        if len(chosen) != 1:
-            raise ValueError(f"{source} names {len(chosen)} chosen curves, not one: run the validate step")
-        methods = methods_for_test(json.loads(chosen["scales"].iloc[0]), ["baseline", *args.methods], args.searched_on)
+        if not paths["chosen"].exists():
+            raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {args.searched_on} search")
+        chosen = read_scales(paths["chosen"], model=model_identity(model, args.model))["scales"]
+        methods = methods_for_test(chosen, ["baseline", *args.methods], args.searched_on)
         records = None if args.records is None else {m: args.records for m in methods}
         cells = cells_on_test(model, tokenizer, args.model, dtype, methods, records, args.profile, args.batch_size)
         table = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)

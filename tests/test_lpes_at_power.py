@@ -9,7 +9,7 @@ import pytest
 from lpes_nb import lpes_at_power, splits
 from lpes_nb.data import data_dir
 from lpes_nb.ga import GAConfig, GeneticSearch
-from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.models import load_model, load_tokenizer, model_identity
 from lpes_nb.search import bezier_space, search_fitness
 
 pytestmark = pytest.mark.skipif(not (data_dir() / "mdqa").is_dir(), reason="needs the real MDQA records (../shared/data)")
@@ -70,6 +70,10 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     assert (table["validation"] < 0).all() and table["validation_unmodified"].nunique() == 1
 
     chosen = json.loads(table.loc[table.chosen, "scales"].iloc[0])
+    exported = json.loads(lpes_at_power.export_chosen(tmp_path / "chosen.json", table, model, "tiny-llama", PLAN).read_text())
+    assert exported["scales"] == pytest.approx(chosen) and exported["model"] == model_identity(model, "tiny-llama")
+    assert exported["search_records"] == splits.records("mdqa20", "search", 2) and exported["seeds"] == [0, 1]
+    assert exported["validation"] == table["validation"].max() and exported["dtype"] == "float32"
     methods = lpes_at_power.methods_for_test(chosen, ["baseline", "LPES", "PI"])
     assert methods["baseline"] is None and methods["PI"].scales == pytest.approx([np.mean(chosen)] * len(chosen))
     cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 3, "LPES": 2, "PI": 2},
@@ -150,3 +154,23 @@ def test_table1_layout_and_verdicts_per_claim():
     noisy = {**cells, "Ms-PoE": base.assign(correct=np.where(rng.random(len(base)) < 0.1, 1 - base["correct"], base["correct"]))}
     diffs = method_differences(noisy, [("Ms-PoE", "baseline")], position="relative_position")
     assert lpes_at_power.claims(table, diffs)["verdict"].iloc[0].startswith("not reproduced at MDE ")
+
+
+def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model = load_model("tiny-llama")
+    layers = model.config.num_hidden_layers
+    table = pd.DataFrame({"seed": [0, 1], "rank": [0, 0], "search_fitness": [-2.0, -2.5], "validation": [-3.0, -2.9],
+                          "validation_unmodified": -3.5, "scales": [json.dumps([1.2] * layers), json.dumps([1.4] * layers)],
+                          "chosen": [False, True]})
+    # the curve stored under tiny-qwen2's name, but found on tiny-llama (a copied file, a renamed model)
+    paths = lpes_at_power._paths(lpes_at_power.Plan(profile="smoke"), "tiny-qwen2", "float32")
+    lpes_at_power.export_chosen(paths["chosen"], table, model, "tiny-llama")
+    with pytest.raises(ValueError, match=r"found on another model than 'tiny-qwen2': .*name 'tiny-llama' \(here 'tiny-qwen2'\)"):
+        lpes_at_power.main(["test", "--model", "tiny-qwen2", "--dtype", "float32", "--profile", "smoke"])
+    with pytest.raises(FileNotFoundError, match="run the validate step of the kv75 search"):
+        lpes_at_power.main(["test", "--model", "tiny-qwen2", "--dtype", "float32", "--profile", "smoke", "--searched-on", "kv75"])
+    with pytest.raises(ValueError, match="names 2 chosen curves, not one"):
+        lpes_at_power.export_chosen(tmp_path / "x.json", table.assign(chosen=True), model, "tiny-llama")
