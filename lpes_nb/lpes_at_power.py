@@ -23,7 +23,9 @@ part (321 records) answers as the position map does (generate mode, the original
 new tokens, gold at 0 / 5 / 10 / 14 / 19, the gold answer's log-prob beside): the map's own rows are
 the baseline, reused; LPES, its PI twin (one global scale, the curve's mean) and the other methods are
 the map's record cells under a method (:func:`lpes_nb.position_map.record_cell`), stored record by
-record. Each comparison is paired on the records both answered (:func:`lpes_nb.position_gate.method_differences`).
+record. MoICE answers with a router trained on this model on the search part's records (never on a
+test record; :func:`moice_for_test`). Each comparison is paired on the records both answered
+(:func:`lpes_nb.position_gate.method_differences`).
 
 Run (Qwen by default, each step resumable):
 ``python -m lpes_nb.lpes_at_power search --seeds 0 1 --dtype bfloat16``,
@@ -47,9 +49,10 @@ from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
 from .methods import Method
-from .models import QWEN, load_model, load_tokenizer, model_identity, resolve_dtype
+from .models import QWEN, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
+from .moice import MoICE, RouterTraining, load_or_train
 from .position_gate import method_differences
-from .position_map import RELATIVE_POSITIONS, positional_rows, record_cell
+from .position_map import RELATIVE_POSITIONS, at_positions, positional_rows, record_cell
 from .results import output_dir, read_scales, save_scales, write_csv
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
@@ -68,7 +71,9 @@ VALIDATION_RECORDS = 60
 # budget allows (the issue's plan: >= 300, >= 150, >= 100)
 TEST_RECORDS = {"LPES": 321, "PI": 321, "Ms-PoE": 150, "CALIOPE-Moses": 150, "CALIOPE-Hourglass": 150, "CALIOPE-Decay": 150,
                 "Dynamic NTK": 100, "Attention Buckets": 100, "MoICE": 100}
-
+# MoICE's router: notebook 6's `cpu` recipe, trained (model frozen) on the answer loss of the search
+# part's records at the test's gold positions, never on a test record
+ROUTER = RouterTraining(steps=30, batch_size=4, lr=3e-3, micro_batch=1)
 
 SPACES = ("bezier", "linear", "free")  # the curve families at an equal search budget: cubic Bézier, linear, a free scale per layer
 
@@ -201,19 +206,31 @@ def _base(label: str) -> str:
     return label.split(SEARCHED_ON)[0]
 
 
-def methods_for_test(chosen: list[float], names, searched_on: str = DATASET) -> dict[str, Method | None]:
+def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = ROUTER,
+                   records: int | None = None, items: int | None = None, progress: bool = True) -> MoICE:
+    """MoICE with its router trained on this model (:data:`ROUTER`) on the first ``records`` (default
+    all) search records of MDQA-20 (with ``items`` documents; default 20) at the map's gold positions;
+    trained once, then known by its recipe (weights and loss history under the profile's ``lpes_at_power/``)."""
+    task = at_positions(TaskConfig.from_split(DATASET, "search", records, num_items=items))
+    dtype = str(model.dtype).removeprefix("torch.")
+    path = output_dir("results", profile) / "lpes_at_power" / f"moice_router_{model_name}_{dtype}"
+    return load_or_train(model, tokenizer, task.samples(), replace(budget, history=[]), path,
+                         dict(**model_key(model_name, model), task=repr(task)), progress)
+
+
+def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moice: MoICE | None = None) -> dict[str, Method | None]:
     """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
-    its mean scale (the twin), the others from the benchmark registry. A curve searched on another
-    dataset (the transfer test) labels LPES and its twin "LPES (searched on kv75)" and so on."""
+    its mean scale (the twin), MoICE as ``moice`` (trained: :func:`moice_for_test`), the others from the
+    benchmark registry. A curve searched on another dataset (the transfer test) labels LPES and its
+    twin "LPES (searched on kv75)" and so on."""
     unknown = sorted(set(names) - set(TEST_RECORDS) - {"baseline"})
     if unknown:
         raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_RECORDS]}")
-    if "MoICE" in names:  # its untrained (uniform) mixture is not the paper's method
-        raise ValueError("MoICE needs a router trained on this model (lpes_nb.moice.load_or_train), which the test step "
-                         "does not train yet; leave MoICE out")
+    if "MoICE" in names and (moice is None or not moice.trained):  # its untrained (uniform) mixture is not the paper's method
+        raise ValueError("MoICE needs a router trained on this model: pass moice=moice_for_test(...)")
     suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
-    return {name + (suffix if name in ("LPES", "PI") else ""): None if name == "baseline" else METHODS[name](chosen, None)
-            for name in names}
+    return {name + (suffix if name in ("LPES", "PI") else ""):
+            None if name == "baseline" else moice if name == "MoICE" else METHODS[name](chosen, None) for name in names}
 
 
 
@@ -348,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         if not paths["chosen"].exists():
             raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {args.searched_on} search")
         chosen = read_scales(paths["chosen"], model=model_identity(model, args.model))["scales"]
-        methods = methods_for_test(chosen, ["baseline", *args.methods], args.searched_on)
+        moice = moice_for_test(model, tokenizer, args.model, args.profile) if "MoICE" in args.methods else None
+        methods = methods_for_test(chosen, ["baseline", *args.methods], args.searched_on, moice)
         records = None if args.records is None else {m: args.records for m in methods}
         cells = cells_on_test(model, tokenizer, args.model, dtype, methods, records, args.profile, args.batch_size)
         table = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)

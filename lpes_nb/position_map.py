@@ -43,7 +43,8 @@ MDQA_TOKENS_PER_DOC = 160  # about, for ordering the cells by cost
 FIXED_CELLS, RECORD_CELLS = "map cells (fixed n)", "record cells"  # the deficit table's sources
 
 
-def _at_positions(cfg: TaskConfig) -> TaskConfig:
+def at_positions(cfg: TaskConfig) -> TaskConfig:
+    """``cfg`` at the map's gold positions: the items nearest the relative positions 0, ¼, ½, ¾, 1."""
     positions = tuple(sorted({round(r * (cfg.num_items - 1)) for r in RELATIVE_POSITIONS}))
     return replace(cfg, positions=positions)
 
@@ -58,14 +59,14 @@ def items_for_length(task: str, tokens: int, tokenizer, n: int, seed: int, data_
     lo, hi = 8, 64
     at_lo, at_hi = length(lo), length(hi)
     items = max(5, round(hi + (tokens - at_hi) * (hi - lo) / (at_hi - at_lo)))
-    return _at_positions(TaskConfig(task, items, n=n, seed=seed))
+    return at_positions(TaskConfig(task, items, n=n, seed=seed))
 
 
 def map_cells(spec: PositionMap, m: MapModel, tokenizer) -> list[TaskConfig]:
     """The task settings of model ``m``'s cells in ``spec``, cheapest first (``tokenizer``: ``m``'s,
     which sizes the length-set tasks)."""
     cfgs = [(length, items_for_length(task, length, tokenizer, spec.n, spec.seed)) for length in m.lengths for task in LENGTH_TASKS]
-    cfgs += [(docs * MDQA_TOKENS_PER_DOC, _at_positions(TaskConfig("mdqa", docs, n=spec.n, offset=spec.mdqa_offset)))
+    cfgs += [(docs * MDQA_TOKENS_PER_DOC, at_positions(TaskConfig("mdqa", docs, n=spec.n, offset=spec.mdqa_offset)))
              for docs in m.mdqa_docs]
     # shortest (cheapest) first, so that an interrupted map holds every short cell; two short
     # lengths can need the same minimum of items
@@ -98,7 +99,7 @@ def record_table(model_name: str, dtype: str, task: str, items: int, batch_size:
     ``model_name`` loaded in ``dtype``, where the caller holds it; else it is loaded for its key);
     with ``method``, the same cell under that method (None: the unmodified model, the map itself)."""
     settings = record_settings(task, batch_size)
-    positions = list(_at_positions(TaskConfig(task, items)).positions)
+    positions = list(at_positions(TaskConfig(task, items)).positions)
     if task == "mdqa":
         params = {**model_key(model_name, model, dtype), "task": "mdqa", "num_docs": items, "positions": positions,
                   "conditions": ["documents", "closed_book", "oracle"]}
@@ -123,7 +124,7 @@ def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items
     it (the controls describe the unmodified model); a method that cannot share prefixes answers on
     the plain path and takes its gold log-probability from a teacher-forced scoring pass, the
     quantity the shared path computes beside decoding."""
-    positions = _at_positions(TaskConfig(task, items)).positions
+    positions = at_positions(TaskConfig(task, items)).positions
     if task == "mdqa":
         samples = [mdqa_sample(record, g, items, record_id) for g in positions]
         if method is None:

@@ -174,3 +174,27 @@ def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(
         lpes_at_power.main(["test", "--model", "tiny-qwen2", "--dtype", "float32", "--profile", "smoke", "--searched-on", "kv75"])
     with pytest.raises(ValueError, match="names 2 chosen curves, not one"):
         lpes_at_power.export_chosen(tmp_path / "x.json", table.assign(chosen=True), model, "tiny-llama")
+
+
+def test_moice_is_tested_with_a_router_trained_on_search_records_once(tmp_path, monkeypatch):
+    from lpes_nb.benchmarks import method_key
+    from lpes_nb.moice import RouterTraining
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    budget = RouterTraining(steps=2, batch_size=2, lr=3e-3)
+    moice = lpes_at_power.moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, records=2, items=5, progress=False)
+    stored = json.loads((tmp_path / "results" / "smoke" / "lpes_at_power" / "moice_router_tiny-llama_float32.json").read_text())
+    assert len(stored["loss"]) == 2 and "search" not in stored["task"] and "records=(" in stored["task"]
+    assert f"records={tuple(splits.records('mdqa20', 'search', 2))}" in stored["task"] and "positions=(0, 1, 2, 3, 4)" in stored["task"]
+    assert moice.trained and "router=" in method_key(moice) and budget.history == []  # the recipe's budget is not mutated
+
+    # known by its recipe: read back, never trained twice, the same key
+    monkeypatch.setattr("lpes_nb.moice.train_router", lambda *a, **k: pytest.fail("the router was trained again"))
+    again = lpes_at_power.moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, records=2, items=5, progress=False)
+    assert method_key(again) == method_key(moice)
+    methods = lpes_at_power.methods_for_test([1.5] * model.config.num_hidden_layers, ["baseline", "MoICE"], moice=again)
+    cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 2, "MoICE": 2},
+                                        profile="smoke", items=5, progress=False)
+    assert set(cells["MoICE"]["sample"]) == set(splits.records("mdqa20", "test", 2)) and cells["MoICE"]["gold_logprob"].notna().all()
+    assert not cells["MoICE"]["gold_logprob"].equals(cells["baseline"]["gold_logprob"])
