@@ -198,3 +198,49 @@ def test_moice_is_tested_with_a_router_trained_on_search_records_once(tmp_path, 
                                         profile="smoke", items=5, progress=False)
     assert set(cells["MoICE"]["sample"]) == set(splits.records("mdqa20", "test", 2)) and cells["MoICE"]["gold_logprob"].notna().all()
     assert not cells["MoICE"]["gold_logprob"].equals(cells["baseline"]["gold_logprob"])
+
+
+def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path):
+    """A real ``kill -9`` in the middle of a generation (the checkpoint stands at the last finished one,
+    some of the next one's evaluations are cached): resumed, the search ends where an uninterrupted
+    one does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    plan = lpes_at_power.Plan(records=2, ga=GAConfig(population=5, parents=2, mutations=2, crossovers=1, generations=3),
+                              items=5, profile="smoke")
+    code = ("from lpes_nb import lpes_at_power; from lpes_nb.ga import GAConfig; from lpes_nb.models import load_model, load_tokenizer; "
+            f"plan = {plan!r}; "
+            "lpes_at_power.search_seed(load_model('tiny-llama'), load_tokenizer('tiny-llama'), 'tiny-llama', 0, plan, progress=False)")
+    code = code.replace("Plan(", "lpes_at_power.Plan(")
+    folder = tmp_path / "killed" / "results" / "smoke" / "lpes_at_power"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LPES_OUTPUT_ROOT": str(tmp_path / "killed")})
+    # wait for generation 0's checkpoint, then for one more evaluation of the next generation, and kill
+    deadline, cached = time.monotonic() + 300, None
+    while child.poll() is None and time.monotonic() < deadline:
+        count = len(list(folder.glob("fitness_cache/*.csv")))
+        if cached is None and list(folder.glob("*.ckpt.json")):
+            cached = count
+        elif cached is not None and count > cached:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    assert child.wait(60) == -signal.SIGKILL, "the search finished (or failed) before it could be killed"
+    assert json.loads(next(folder.glob("*.ckpt.json")).read_text())["generation"] < plan.ga.generations
+
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    results = {}
+    for name in ("killed", "uninterrupted"):
+        os.environ["LPES_OUTPUT_ROOT"] = str(tmp_path / name)
+        try:
+            table = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, plan, progress=False)
+            search, _ = lpes_at_power.searched(model, tokenizer, "tiny-llama", 0, plan)
+            results[name] = (table.drop(columns="hours"), search.stored())
+        finally:
+            del os.environ["LPES_OUTPUT_ROOT"]
+    (table, resumed), (table_full, full) = results["killed"], results["uninterrupted"]
+    assert resumed.history.equals(full.history) and resumed.scored == full.scored and table.equals(table_full)
+    assert resumed.best_fitness == full.best_fitness and list(table["generation"]) == [0, 1, 2, 3]
