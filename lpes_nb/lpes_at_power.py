@@ -178,7 +178,8 @@ def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan
     fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name)
     scales = np.array([json.loads(s) for s in finals["scales"]])
     scores = [float(fitness(row[None])[0]) for row in tqdm(scales, desc="validation", disable=not progress)]
-    out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]))
+    out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]),
+                        validation_records=records)
     return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
 
 
@@ -195,7 +196,7 @@ def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan:
                        search_records=splits.records(plan.dataset, "search", plan.records), ga=repr(plan.ga),
                        seeds=sorted(int(s) for s in table["seed"].unique()), fitness=f"{VALUE}, Eq. 8 weights",
                        seed=int(row["seed"]), rank=int(row["rank"]), search_fitness=float(row["search_fitness"]),
-                       validation_records=VALIDATION_RECORDS, validation=float(row["validation"]),
+                       validation_records=int(row["validation_records"]), validation=float(row["validation"]),
                        validation_unmodified=float(row["validation_unmodified"]))
 
 
@@ -231,7 +232,6 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
     suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
     return {name + (suffix if name in ("LPES", "PI") else ""):
             None if name == "baseline" else moice if name == "MoICE" else METHODS[name](chosen, None) for name in names}
-
 
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],

@@ -73,7 +73,7 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     exported = json.loads(lpes_at_power.export_chosen(tmp_path / "chosen.json", table, model, "tiny-llama", PLAN).read_text())
     assert exported["scales"] == pytest.approx(chosen) and exported["model"] == model_identity(model, "tiny-llama")
     assert exported["search_records"] == splits.records("mdqa20", "search", 2) and exported["seeds"] == [0, 1]
-    assert exported["validation"] == table["validation"].max() and exported["dtype"] == "float32"
+    assert exported["validation"] == table["validation"].max() and exported["dtype"] == "float32" and exported["validation_records"] == 3
     methods = lpes_at_power.methods_for_test(chosen, ["baseline", "LPES", "PI"])
     assert methods["baseline"] is None and methods["PI"].scales == pytest.approx([np.mean(chosen)] * len(chosen))
     cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 3, "LPES": 2, "PI": 2},
@@ -163,7 +163,7 @@ def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(
     model = load_model("tiny-llama")
     layers = model.config.num_hidden_layers
     table = pd.DataFrame({"seed": [0, 1], "rank": [0, 0], "search_fitness": [-2.0, -2.5], "validation": [-3.0, -2.9],
-                          "validation_unmodified": -3.5, "scales": [json.dumps([1.2] * layers), json.dumps([1.4] * layers)],
+                          "validation_unmodified": -3.5, "validation_records": 60, "scales": [json.dumps([1.2] * layers), json.dumps([1.4] * layers)],
                           "chosen": [False, True]})
     # the curve stored under tiny-qwen2's name, but found on tiny-llama (a copied file, a renamed model)
     paths = lpes_at_power._paths(lpes_at_power.Plan(profile="smoke"), "tiny-qwen2", "float32")
