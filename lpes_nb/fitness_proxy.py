@@ -30,7 +30,7 @@ from .data import kv_sample, mdqa_sample, positions_for
 from .evaluate import evaluate_samples
 from .fitness import proxy_agreement, split_half_reliability, weighted_fitness
 from .methods import LayerScales
-from .models import QWEN, load_model, load_tokenizer, model_key, resolve_dtype
+from .models import QWEN, dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from .position_map import load_records, record_settings
 from .prefix import check_chunk
 from .results import RecordTable, output_dir, will_compute, write_csv, write_json
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", default="cpu")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)
-    dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+    dtype = dtype_name(resolve_dtype(args.dtype))
     per_candidate, agreement = run(model, tokenizer, args.model, dtype, args.dataset, args.candidates, args.records, args.seed,
                                    args.items, args.batch_size, args.prefill_chunk, args.profile)
     csv_path, json_path = summary_paths(args.profile, args.dataset, args.items or splits.FILES[args.dataset][1], args.model, dtype)

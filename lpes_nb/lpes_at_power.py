@@ -14,7 +14,7 @@ Each seed checkpoints after every generation and caches every evaluation (with i
 disk: a stopped search resumes where it stopped, and its convergence table (best fitness against
 evaluations and CPU-hours) is written from the checkpoint at any point.
 
-Then the **validation** part picks one curve: the ``TOP`` best distinct curves of each seed's finished
+Then the **validation** part picks one curve: the best distinct curves (the profile's ``finalists``) of each seed's finished
 search, scored by the same log-prob fitness on the 60 validation records (where the log-prob ranks
 reproducibly and accuracy on so few records mostly ranks noise), the highest chosen and exported as
 a scales JSON with the identity of the model it was found on and the search's provenance
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,31 +50,25 @@ from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
 from .methods import Method
-from .models import QWEN, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
+from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key
 from .moice import MoICE, RouterTraining, load_or_train
 from .position_gate import method_differences
 from .position_map import RELATIVE_POSITIONS, at_positions, positional_rows, record_cell
+from .profiles import PROFILES, Training, profile as named_profile
 from .results import output_dir, read_scales, save_scales, write_csv
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
-# the plan, measured: one evaluation (8 records x 3 prompts of ~3.1k tokens, score mode, shared
-# prefixes) 215 s on 2 AMD EPYC cores with AVX512-BF16; <= 16 + 6 x 12 = 88 evaluations per seed
-# (each generation scores 8 mutations and both children of 2 crossovers), ~5.3 h; two seeds one night
-GA = GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6)
+# the `cpu` profile's study (the defaults here). Its plan, measured: one evaluation (8 records x 3
+# prompts of ~3.1k tokens, score mode, shared prefixes) 215 s on 2 AMD EPYC cores with AVX512-BF16
+# (127-139 s on the next EPYC generation); <= 16 + 6 x 12 = 88 evaluations per seed (each generation
+# scores 8 mutations and both children of 2 crossovers), ~5.3 h; two seeds one night
+CPU = PROFILES["cpu"].lpes_at_power
 PREFILL_CHUNK = 512  # as the proxy check's log-probs (lpes_nb.fitness_proxy): faster for ~3k-token continuations
-SEARCH_RECORDS = 8  # the proxy ranks random curves alike on two disjoint sets of 6 records (split-half ρ 0.92)
 VALUE = "gold_logprob"
-TOP = 4  # finalists per seed taken to validation
-VALIDATION_RECORDS = 60
-# records of the test part per method: LPES's claims at full power, the other baselines where the
-# budget allows (the issue's plan: >= 300, >= 150, >= 100)
-TEST_RECORDS = {"LPES": 321, "PI": 321, "Ms-PoE": 150, "CALIOPE-Moses": 150, "CALIOPE-Hourglass": 150, "CALIOPE-Decay": 150,
-                "Dynamic NTK": 100, "Attention Buckets": 100, "MoICE": 100}
-# MoICE's router: notebook 6's `cpu` recipe, trained (model frozen) on the answer loss of the search
-# part's records at the test's gold positions, never on a test record
-ROUTER = RouterTraining(steps=30, batch_size=4, lr=3e-3, micro_batch=1)
+TEST_METHODS = ("LPES", "PI", "Ms-PoE", "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "Dynamic NTK",
+                "Attention Buckets", "MoICE")
 
 SPACES = ("bezier", "linear", "free")  # the curve families at an equal search budget: cubic Bézier, linear, a free scale per layer
 
@@ -86,11 +81,18 @@ class Plan:
 
     dataset: str = DATASET
     space: str = "bezier"
-    records: int = SEARCH_RECORDS
-    ga: GAConfig = GA
-    batch_size: int = 8
-    items: int | None = None
+    records: int = CPU.search_records
+    ga: GAConfig = CPU.ga
+    batch_size: int = CPU.batch_size
+    items: int | None = CPU.items
     profile: str = "cpu"
+
+    @classmethod
+    def of(cls, profile: str, dataset: str = DATASET, space: str = "bezier") -> Plan:
+        """The search of profile ``profile``'s study (:class:`lpes_nb.profiles.LpesAtPower`) on ``dataset``
+        over the curve family ``space``."""
+        s = named_profile(profile).lpes_at_power
+        return cls(dataset, space, s.search_records, s.ga, s.batch_size, s.items, profile)
 
     def __post_init__(self):
         if self.dataset not in splits.FILES:
@@ -156,7 +158,7 @@ def search_seed(model, tokenizer, model_name: str, seed: int, plan: Plan = Plan(
     return convergence(search, fitness, seed)
 
 
-def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top: int = TOP) -> pd.DataFrame:
+def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top: int = CPU.finalists) -> pd.DataFrame:
     """The ``top`` best distinct curves of each seed's finished search: seed, rank, search fitness, scales."""
     rows = []
     for seed in seeds:
@@ -170,7 +172,7 @@ def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top
     return pd.DataFrame(rows)
 
 
-def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan = Plan(), records: int = VALIDATION_RECORDS,
+def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan = Plan(), records: int = CPU.validation_records,
              progress: bool = True) -> pd.DataFrame:
     """Every finalist and the unmodified model scored by the search's fitness on the first ``records``
     validation records of the plan's dataset; the finalist with the highest score is ``chosen`` (the
@@ -192,7 +194,7 @@ def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan:
         raise ValueError(f"the validation table names {len(chosen)} chosen curves, not one")
     row = chosen.iloc[0]
     return save_scales(path, json.loads(row["scales"]), model=model_identity(model, model_name),
-                       dtype=str(model.dtype).removeprefix("torch."), dataset=plan.dataset, space=plan.space,
+                       dtype=dtype_name(model.dtype), dataset=plan.dataset, space=plan.space,
                        search_records=splits.records(plan.dataset, "search", plan.records), ga=repr(plan.ga),
                        seeds=sorted(int(s) for s in table["seed"].unique()), fitness=f"{VALUE}, Eq. 8 weights",
                        seed=int(row["seed"]), rank=int(row["rank"]), search_fitness=float(row["search_fitness"]),
@@ -207,13 +209,18 @@ def _base(label: str) -> str:
     return label.split(SEARCHED_ON)[0]
 
 
-def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = ROUTER,
+def router_budget(training: Training) -> RouterTraining:
+    return RouterTraining(**training.recipe, micro_batch=training.micro_batch)
+
+
+def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = router_budget(CPU.router),
                    records: int | None = None, items: int | None = None, progress: bool = True) -> MoICE:
-    """MoICE with its router trained on this model (:data:`ROUTER`) on the first ``records`` (default
-    all) search records of MDQA-20 (with ``items`` documents; default 20) at the map's gold positions;
-    trained once, then known by its recipe (weights and loss history under the profile's ``lpes_at_power/``)."""
+    """MoICE with its router trained on this model (the profile's ``router``: notebook 6's recipe, model
+    frozen) on the answer loss of the first ``records`` (default all) search records of MDQA-20 (with
+    ``items`` documents; default 20) at the map's gold positions, never on a test record; trained once,
+    then known by its recipe (weights and loss history under the profile's ``lpes_at_power/``)."""
     task = at_positions(TaskConfig.from_split(DATASET, "search", records, num_items=items))
-    dtype = str(model.dtype).removeprefix("torch.")
+    dtype = dtype_name(model.dtype)
     path = output_dir("results", profile) / "lpes_at_power" / f"moice_router_{model_name}_{dtype}"
     return load_or_train(model, tokenizer, task.samples(), replace(budget, history=[]), path,
                          dict(**model_key(model_name, model), task=repr(task)), progress)
@@ -224,9 +231,9 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
     its mean scale (the twin), MoICE as ``moice`` (trained: :func:`moice_for_test`), the others from the
     benchmark registry. A curve searched on another dataset (the transfer test) labels LPES and its
     twin "LPES (searched on kv75)" and so on."""
-    unknown = sorted(set(names) - set(TEST_RECORDS) - {"baseline"})
+    unknown = sorted(set(names) - set(TEST_METHODS) - {"baseline"})
     if unknown:
-        raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_RECORDS]}")
+        raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_METHODS]}")
     if "MoICE" in names and (moice is None or not moice.trained):  # its untrained (uniform) mixture is not the paper's method
         raise ValueError("MoICE needs a router trained on this model: pass moice=moice_for_test(...)")
     suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
@@ -235,12 +242,12 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
 
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
-                  records: dict[str, int] | None = None, profile: str = "cpu", batch_size: int = 8, items: int = 20,
+                  records: dict[str, int], profile: str = "cpu", batch_size: int = 8, items: int = 20,
                   progress: bool = True) -> dict[str, pd.DataFrame]:
-    """Each method's positional rows on the first ``records[label]`` records of the test part (default
-    :data:`TEST_RECORDS` by method; the baseline on the most any method takes), computed where not stored."""
-    sizes = {label: TEST_RECORDS[_base(label)] for label in methods if label != "baseline"} | (records or {})
-    sizes.setdefault("baseline", max(sizes.values(), default=TEST_RECORDS["LPES"]))
+    """Each method's positional rows on the first ``records[label]`` records of the test part (the
+    baseline, unless named, on the most any method takes), computed where not stored."""
+    sizes = dict(records)
+    sizes.setdefault("baseline", max(sizes.values()))
     task = splits.FILES[DATASET][0]
     return {name: positional_rows(record_cell(model, tokenizer, model_name, dtype, task, items,
                                               splits.records(DATASET, "test", sizes[name]), batch_size, profile, progress,
@@ -287,7 +294,9 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
     paper's difference (points, from ``table``'s paper rows), ours with its interval, n and MDE (points),
     and the verdict: ``reproduced`` (ours significant after Holm, in the paper's direction),
     ``opposite`` (significant, the other way), ``not reproduced at MDE x`` (not significant; the
-    smallest effect these records could have seen), or ``no paper figure``."""
+    smallest effect these records could have seen), or ``no paper figure``. Where the paper's
+    difference rounds to zero (its claim is "no difference"), ours not significant ``reproduced: no
+    difference at MDE x``, significant ``not reproduced: ours differs``."""
     paper = table[table["source"] != "ours"].set_index("method")["average"]
     rows = []
     for r in differences[(differences["position"] == "average") & (differences["value"] == "correct")].itertuples():
@@ -295,6 +304,8 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
         significant = r.p_holm < alpha
         if np.isnan(claimed):
             verdict = "no paper figure"
+        elif round(claimed, 1) == 0 and np.isfinite(r.mde):
+            verdict = "not reproduced: ours differs" if significant else f"reproduced: no difference at MDE {100 * r.mde:.1f} points"
         elif significant and np.sign(r.difference) == np.sign(claimed):
             verdict = "reproduced"
         elif significant:
@@ -315,67 +326,170 @@ def _paths(plan: Plan, model_name: str, dtype: str) -> dict[str, Path]:
     return paths | {"chosen": folder / f"chosen_scales_{plan.label}_{model_name}_{dtype}.json"}
 
 
+def run_validation(model, tokenizer, model_name: str, plan: Plan, seeds, top: int, records: int, progress: bool = True) -> pd.DataFrame:
+    """The validation step: each seed's ``top`` finalists and the unmodified model on ``records``
+    validation records (:func:`validate`); the table written and the chosen curve exported."""
+    table = validate(model, tokenizer, model_name, finalists(model, tokenizer, model_name, seeds, plan, top), plan, records, progress)
+    paths = _paths(plan, model_name, dtype_name(model.dtype))
+    write_csv(paths["validation"], table)
+    export_chosen(paths["chosen"], table, model, model_name, plan)
+    return table
+
+
+def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int], searched_on: str = DATASET,
+             router: Training = CPU.router, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """The test step: the curve chosen on ``searched_on``'s validation (read back from its export, on
+    this model only), the baseline and every method of ``sizes`` (label -> records of MDQA-20's test
+    part) answered record by record (the plan's documents per prompt), compared paired; the tables
+    ``test_differences``, ``table1`` and ``claims`` written (named by the search that chose the curve:
+    a transfer test never overwrites the in-domain one) and returned."""
+    if plan.space != "bezier":
+        raise ValueError("the test takes a Bézier search's chosen curve; the curve families are compared on validation")
+    dtype = dtype_name(model.dtype)
+    paths = _paths(replace(plan, dataset=searched_on), model_name, dtype)
+    if not paths["chosen"].exists():
+        raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {searched_on} search")
+    chosen = read_scales(paths["chosen"], model=model_identity(model, model_name))["scales"]
+    moice = (moice_for_test(model, tokenizer, model_name, plan.profile, router_budget(router), items=plan.items, progress=progress)
+             if "MoICE" in sizes else None)
+    methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice)
+    labelled = {label: sizes[_base(label)] for label in methods if label != "baseline"}
+    cells = cells_on_test(model, tokenizer, model_name, dtype, methods, labelled, plan.profile, plan.batch_size,
+                          plan.items or splits.FILES[DATASET][1], progress)
+    differences = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)
+    layout = table1(cells)
+    tables = {"test_differences": differences, "table1": layout, "claims": claims(layout, differences)}
+    for name, frame in tables.items():
+        write_csv(paths[name], frame)
+    return tables
+
+
+def study(profile: str, progress: bool = True) -> dict:
+    """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
+    convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
+    ``pending``: the steps not yet run, each with the command that runs it. A profile that computes runs
+    (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads what the store
+    holds and computes nothing. A stored table made under other settings than the profile's is refused."""
+    s = named_profile(profile).lpes_at_power
+    model, tokenizer = load_model(s.model, dtype=s.dtype), load_tokenizer(s.model)
+    plan = Plan.of(profile)
+    paths = _paths(plan, s.model, dtype_name(model.dtype))
+    command = f"python -m lpes_nb.lpes_at_power {{}} --profile {profile}"
+    seeds = f" --seeds {' '.join(map(str, s.seeds))}"
+    found: dict = {"pending": []}
+    tables = []
+    for seed in s.seeds:
+        try:
+            tables.append(search_seed(model, tokenizer, s.model, seed, plan, progress, report_only=s.read_only))
+        except FileNotFoundError:  # read-only, no checkpoint yet: named as pending below
+            continue
+    if tables:
+        found["convergence"] = pd.concat(tables, ignore_index=True).round(5)
+        write_csv(paths["convergence"], found["convergence"])
+    unfinished = [seed for seed in s.seeds if not searched(model, tokenizer, s.model, seed, plan)[0].finished()]
+    if unfinished:
+        found["pending"].append(f"the search of seed(s) {unfinished} has not finished: {command.format('search')}{seeds}")
+    if paths["validation"].exists():
+        found["validation"] = pd.read_csv(paths["validation"])
+        stored = (sorted(int(k) for k in found["validation"]["seed"].unique()), int(found["validation"]["validation_records"].iloc[0]))
+        if stored != (sorted(s.seeds), s.validation_records):
+            raise ValueError(f"{paths['validation']} holds seeds {stored[0]} on {stored[1]} validation records, the profile "
+                             f"{profile!r} asks for {sorted(s.seeds)} on {s.validation_records}: rerun its validate step")
+    elif not s.read_only and not unfinished:
+        found["validation"] = run_validation(model, tokenizer, s.model, plan, s.seeds, s.finalists, s.validation_records, progress)
+    else:
+        found["pending"].append(f"validation: {command.format('validate')}{seeds}")
+    sizes = dict(s.test_records)
+    if paths["claims"].exists():
+        found |= {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
+        ours = found["table1"][found["table1"]["source"] == "ours"].set_index("method")["records"].to_dict()
+        if {m: n for m, n in ours.items() if m != "baseline"} != sizes:
+            raise ValueError(f"{paths['table1']} holds {ours} records per method, the profile {profile!r} asks for {sizes}: "
+                             "rerun its test step")
+    elif not s.read_only and "validation" in found:
+        found |= run_test(model, tokenizer, s.model, plan, sizes, router=s.router, progress=progress)
+    else:
+        found["pending"].append(f"test: {command.format('test')} --methods {shlex.join(sizes)}")
+    return found
+
+
+def conclusion(found: dict, profile: str) -> str:
+    """Notebook 10's conclusion, every number printed from :func:`study`'s tables: where each seed's
+    search stands against the unmodified model, the curve validation chose, each claim's verdict with
+    its n, interval and MDE, and the steps not yet run."""
+    s = named_profile(profile).lpes_at_power
+    lines = []
+    if "convergence" in found:
+        conv = found["convergence"]
+        for r in conv.sort_values("generation").groupby("seed").tail(1).itertuples():
+            lines.append(f"- **Search, seed {r.seed}**: generation {r.generation} of {s.ga.generations}, {r.evaluated} evaluations, "
+                         f"{r.hours:.2f} wall-hours; best fitness {r.best:.3f}, the unmodified model's {r.unmodified:.3f} on the "
+                         f"same {s.search_records} search records ({r.best - r.unmodified:+.3f}; the GA's objective on a fixed "
+                         "set: no interval, the verdicts are the test's).")
+    if "validation" in found:
+        v = found["validation"]
+        c = v[v["chosen"]].iloc[0]
+        lines.append(f"- **Validation** ({int(c['validation_records'])} records, {len(v)} finalists): the chosen curve (seed "
+                     f"{int(c['seed'])}, rank {int(c['rank'])}) scores {c['validation']:.3f} against the unmodified model's "
+                     f"{c['validation_unmodified']:.3f}; mean scale {np.mean(json.loads(c['scales'])):.3f} (its PI twin's).")
+    for r in found.get("claims", pd.DataFrame()).itertuples():
+        paper = "no paper figure" if np.isnan(r.paper_points) else f"the paper {r.paper_points:+.1f}"
+        mde = f"MDE {r.mde_points:.1f}" if np.isfinite(r.mde_points) else "no MDE (no record differs)"
+        lines.append(f"- **{r.method} − {r.reference}** (accuracy averaged over the 5 gold positions): {r.points:+.1f} points "
+                     f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g} "
+                     f"({paper}): **{r.verdict}**.")
+    lines += [f"- *Not yet run*: {step}" for step in found["pending"]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.lpes_at_power", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["search", "report", "validate", "test"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--profile", default="cpu", help="the study's settings (lpes_nb.profiles.LpesAtPower) and results folder")
+    parser.add_argument("--seeds", type=int, nargs="+", help="search, report, validate (default: the profile's)")
     parser.add_argument("--dataset", default=DATASET, choices=sorted(splits.FILES), help="search and validation: where to search")
     parser.add_argument("--space", default="bezier", choices=SPACES, help="search and validation: the curve family")
-    parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_RECORDS)} (the baseline always)")
-    parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the plan's)")
+    parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_METHODS)} (the baseline always)")
+    parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the profile's)")
     parser.add_argument("--searched-on", default=DATASET, choices=sorted(splits.FILES),
                         help="test: take the curve chosen on this dataset's search (another than MDQA-20: the transfer test)")
-    parser.add_argument("--model", default=QWEN)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--model", help="default: the profile's")
+    parser.add_argument("--dtype", help="default: the profile's")
+    parser.add_argument("--batch-size", type=int, help="default: the profile's")
     args = parser.parse_args(argv)
-    model, tokenizer = load_model(args.model, dtype=args.dtype), load_tokenizer(args.model)
-    dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
-    plan = Plan(args.dataset, args.space, batch_size=args.batch_size, profile=args.profile)
-    paths = _paths(plan, args.model, dtype)
+    s = named_profile(args.profile).lpes_at_power
+    name = args.model or s.model
+    model, tokenizer = load_model(name, dtype=args.dtype or s.dtype), load_tokenizer(name)
+    plan = replace(Plan.of(args.profile, args.dataset, args.space), batch_size=args.batch_size or s.batch_size)
+    seeds = args.seeds or list(s.seeds)
     if args.step in ("search", "report"):
         tables = []
-        for seed in args.seeds:
+        for seed in seeds:
             try:
-                tables.append(search_seed(model, tokenizer, args.model, seed, plan, report_only=args.step == "report"))
+                tables.append(search_seed(model, tokenizer, name, seed, plan, report_only=args.step == "report"))
             except FileNotFoundError:
                 if args.step == "search":
                     raise
                 print(f"seed {seed}: no checkpoint yet (its first generation has not finished)")
                 continue
-            write_csv(paths["convergence"], pd.concat(tables, ignore_index=True).round(5))
+            write_csv(_paths(plan, name, dtype_name(model.dtype))["convergence"], pd.concat(tables, ignore_index=True).round(5))
         if not tables:
             raise SystemExit(f"no search of {plan.label} has a checkpoint yet")
         print(pd.concat(tables, ignore_index=True).round(4).to_string(index=False))
     elif args.step == "validate":
-        finals = finalists(model, tokenizer, args.model, args.seeds, plan)
-        table = validate(model, tokenizer, args.model, finals, plan)
-        write_csv(paths["validation"], table)
-        export_chosen(paths["chosen"], table, model, args.model, plan)
+        table = run_validation(model, tokenizer, name, plan, seeds, s.finalists, s.validation_records)
         print(table.drop(columns="scales").round(4).to_string(index=False))
-        print(f"chosen curve exported to {paths['chosen']}")
+        print(f"chosen curve exported to {_paths(plan, name, dtype_name(model.dtype))['chosen']}")
     else:
-        if plan.space != "bezier":
-            raise ValueError("the test takes a Bézier search's chosen curve; the curve families are compared on validation")
-        # the test is always on MDQA-20's test part; --searched-on names the search that chose the curve,
-        # and the test's tables are named by it (a transfer test never overwrites the in-domain one)
-        paths = _paths(replace(plan, dataset=args.searched_on), args.model, dtype)
-        if not paths["chosen"].exists():
-            raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {args.searched_on} search")
-        chosen = read_scales(paths["chosen"], model=model_identity(model, args.model))["scales"]
-        moice = moice_for_test(model, tokenizer, args.model, args.profile) if "MoICE" in args.methods else None
-        methods = methods_for_test(chosen, ["baseline", *args.methods], args.searched_on, moice)
-        records = None if args.records is None else {m: args.records for m in methods}
-        cells = cells_on_test(model, tokenizer, args.model, dtype, methods, records, args.profile, args.batch_size)
-        table = pd.concat([differences_on_test(cells, value) for value in ("correct", "gold_logprob")], ignore_index=True)
-        layout = table1(cells)
-        verdicts = claims(layout, table)
-        for name, frame in (("test_differences", table), ("table1", layout), ("claims", verdicts)):
-            write_csv(paths[name], frame)
-        print(layout.round(1).to_string(index=False))
-        print(verdicts.round(3).to_string(index=False))
+        unknown = sorted(set(args.methods) - set(TEST_METHODS))
+        if unknown:
+            raise ValueError(f"unknown test method(s) {unknown}; choose from {list(TEST_METHODS)}")
+        planned = dict(s.test_records)
+        sizes = {m: args.records or planned.get(m) or max(planned.values()) for m in args.methods}
+        tables = run_test(model, tokenizer, name, plan, sizes, args.searched_on, s.router)
+        print(tables["table1"].round(1).to_string(index=False))
+        print(tables["claims"].round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -212,6 +212,11 @@ def _gpu_settings() -> dict:
     return dict(dtype=torch.bfloat16, attn_implementation="flash_attention_2" if has_flash else "sdpa")
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the dtype as results are keyed by it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``"auto"``: bfloat16 where the CPU has native bf16, else float32 (on a GPU the loader's bf16).
     Use ``"auto"`` only where bf16's agreement with float32 has been measured for the task (notebook
@@ -320,7 +325,7 @@ def model_key(name: str, model: PreTrainedModel | None = None, dtype: str | torc
         return dict(_model_key(name, resolve_dtype(dtype) or torch.float32))
     if dtype is not None and resolve_dtype(dtype) != model.dtype:
         raise ValueError(f"model {name!r} is loaded in {model.dtype}, but its results were asked for in dtype {dtype!r}")
-    return {"model": name, "dtype": str(model.dtype).removeprefix("torch."), "weights": model_fingerprint(model)}
+    return {"model": name, "dtype": dtype_name(model.dtype), "weights": model_fingerprint(model)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -267,3 +267,46 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     axes[2].set_title("paired, per record")
     fig.suptitle(title)
     return fig
+
+
+def search_convergence(table: pd.DataFrame, title: str):
+    """Searches' best fitness (solid) and mean of their best 4 (dashed) against the wall hours their
+    evaluations took, one colour per seed (rows of :func:`lpes_nb.lpes_at_power.convergence`); the
+    unmodified model's fitness on the same records is the dotted line a curve must clear."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    for k, (seed, rows) in enumerate(table.groupby("seed", sort=True)):
+        colour = COLOURS[k % len(COLOURS)]
+        ax.plot(rows["hours"], rows["best"], marker="o", color=colour, label=f"seed {seed}: best")
+        ax.plot(rows["hours"], rows["mean_best_4"], ls="--", marker=".", color=colour, label=f"seed {seed}: mean of best 4")
+    ax.axhline(table["unmodified"].iloc[0], color="k", ls=":", lw=1.2, label="unmodified model")
+    ax.set_xlabel("wall hours of the evaluations so far (2 CPU cores)")
+    ax.set_ylabel("fitness (Eq. 8-weighted gold log-prob)")
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    return fig
+
+
+def paired_averages(diffs: pd.DataFrame, title: str):
+    """Each comparison's paired difference averaged over the gold positions (rows of
+    :func:`lpes_nb.position_gate.method_differences` at ``position == "average"``) with its
+    record-clustered 95 % interval, one panel per score (accuracy in points, the gold answer's
+    log-probability in nats); the grey bar around zero is each row's minimum detectable effect (80 % power)."""
+    averaged = diffs[diffs["position"] == "average"]
+    values = list(dict.fromkeys(averaged["value"]))
+    pairs = list(dict.fromkeys(averaged["method"] + " − " + averaged["reference"]))
+    fig, axes = plt.subplots(1, len(values), figsize=(4.4 * len(values), 0.5 * len(pairs) + 1.5), sharey=True, squeeze=False)
+    for ax, value in zip(axes[0], values):
+        d = averaged[averaged["value"] == value]
+        factor, unit = (100, "points") if value == "correct" else (1, "nats")
+        y = np.array([pairs.index(p) for p in d["method"] + " − " + d["reference"]])
+        ax.barh(y, 2 * factor * d["mde"], left=-factor * d["mde"], height=0.5, color="0.88", zorder=0)
+        ax.axvline(0, color="k", lw=0.8)
+        x = factor * d["difference"]
+        ax.errorbar(x, y, xerr=np.vstack([x - factor * d["ci_low"], factor * d["ci_high"] - x]), fmt="o", capsize=3, color=COLOURS[0])
+        ax.set_yticks(range(len(pairs)), pairs)
+        ax.set_xlabel(f"paired Δ {'accuracy' if value == 'correct' else 'gold log-prob'} ({unit}), "
+                      f"n = {int(d['n'].min())}–{int(d['n'].max())} records\ngrey: ±MDE at 80 % power")
+    axes[0][0].invert_yaxis()  # the first comparison on top (the axes share y: invert once)
+    fig.suptitle(title)
+    return fig

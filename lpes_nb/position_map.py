@@ -30,7 +30,7 @@ from .evaluate import encode, evaluate_samples
 from .fitness import relative_positions
 from .methods import Method
 from .metrics import proportion_ci, u_shape_rho
-from .models import load_model, load_tokenizer, model_key, resolve_dtype
+from .models import dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from .position_gate import gate
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
@@ -210,7 +210,7 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
     cell's key holds the weights' fingerprint."""
     out, loaded = {}, {}
     for cell in spec.record_cells:
-        dtype = str(resolve_dtype(cell.dtype)).removeprefix("torch.")
+        dtype = dtype_name(resolve_dtype(cell.dtype))
         if (cell.model, dtype) not in loaded:
             loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
         model, tokenizer = loaded[(cell.model, dtype)]
@@ -415,7 +415,7 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
     chosen = [m for m in spec.models if models is None or m.model in models]
     for m in chosen:
         model, tokenizer = load_model(m.model, dtype=m.dtype), load_tokenizer(m.model)
-        dtype = str(resolve_dtype(m.dtype)).removeprefix("torch.")
+        dtype = dtype_name(resolve_dtype(m.dtype))
         cells = map_cells(spec, m, tokenizer)
         for cfg in tqdm(cells, desc=f"map cells, {m.model}", disable=not progress):
             df = cell_samples(model, tokenizer, m.model, dtype, cfg, spec.batch_size, profile, progress)
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         name = (args.model or ["qwen2.5-coder-0.5b"])[0]
         here = args.backend == "in-process"
         model, tokenizer = (load_model(name, dtype=args.dtype), load_tokenizer(name)) if here else (None, None)
-        dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+        dtype = dtype_name(resolve_dtype(args.dtype))
         df = record_cell(model, tokenizer, name, dtype, task, items, range(n), args.batch_size, args.profile,
                          backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                          prefill_chunk=args.prefill_chunk)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 from .data import KV_FILES, KV_RECORDS, MDQA_RECORDS
 from .ga import GAConfig
 from .prefix import check_chunk
+from .splits import SIZES
 from .tasks import EvalSettings, TaskConfig
 
 
@@ -291,6 +292,56 @@ class SecondModel(_Checked):
 
 
 @dataclass(frozen=True)
+class LpesAtPower(_Checked):
+    """Notebook 10 (:mod:`lpes_nb.lpes_at_power`): LPES searched, validated and tested on MDQA-20's data
+    split (:mod:`lpes_nb.splits`) with ``model`` in ``dtype``. The search: ``seeds`` x the GA ``ga`` on
+    the first ``search_records`` search records (``items`` documents per prompt; None: the file's 20);
+    its ``finalists`` best curves per seed scored on ``validation_records`` validation records; the
+    test: each (method, records) of ``test_records`` on that many test records (the baseline on the
+    most any method takes); MoICE with a router trained by ``router`` on the search records.
+    ``read_only``: the notebook reads what the store holds (the search's checkpoints, the validation
+    and test tables written by ``python -m lpes_nb.lpes_at_power``, hours of background CPU) and names
+    each step not yet run, computing nothing; otherwise it runs (or resumes) every step."""
+
+    model: str
+    dtype: str
+    ga: GAConfig
+    seeds: tuple[int, ...]
+    search_records: int
+    finalists: int
+    validation_records: int
+    test_records: tuple[tuple[str, int], ...]
+    router: Training
+    items: int | None = None
+    batch_size: int = 8
+    read_only: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"LpesAtPower.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"LpesAtPower.seeds must be distinct, got {self.seeds!r}")
+        if self.items is not None and (isinstance(self.items, bool) or not isinstance(self.items, int) or not 2 <= self.items <= 20):
+            raise ValueError(f"LpesAtPower.items must be None (the file's 20) or an integer in [2, 20], got {self.items!r}")
+        if not isinstance(self.read_only, bool):
+            raise ValueError(f"LpesAtPower.read_only must be True or False, got {self.read_only!r}")
+        if self.finalists > self.ga.population:
+            raise ValueError(f"LpesAtPower.finalists must be in [1, {self.ga.population}] (the GA's population), got {self.finalists!r}")
+        parts = dict(SIZES["mdqa20"][1])
+        for name, most in (("search_records", parts["search"]), ("validation_records", parts["validation"])):
+            if getattr(self, name) > most:
+                raise ValueError(f"LpesAtPower.{name} must be in [1, {most}] (the split's {name.split('_')[0]} part), "
+                                 f"got {getattr(self, name)!r}")
+        for pair in self.test_records:
+            if (len(pair) != 2 or not isinstance(pair[0], str) or isinstance(pair[1], bool) or not isinstance(pair[1], int)
+                    or not 1 <= pair[1] <= parts["test"]):
+                raise ValueError(f"LpesAtPower.test_records: each entry is (method, records in [1, {parts['test']}]), got {pair!r}")
+        if not {"LPES", "PI"} <= dict(self.test_records).keys():
+            raise ValueError(f"LpesAtPower.test_records must test LPES and its PI twin, got {self.test_records!r}")
+
+
+@dataclass(frozen=True)
 class Profile(_Checked):
     name: str
     model: str
@@ -309,6 +360,7 @@ class Profile(_Checked):
     second: SecondModel
     position_map: PositionMap  # notebook 9
     regime_search: RegimeSearch  # notebook 9, where its map shows a middle deficit
+    lpes_at_power: LpesAtPower  # notebook 10
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -336,6 +388,12 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                  record_cells=(RecordCell("tiny-llama", "float32", items=5, n=2),
                                                RecordCell("paper-dry-llama", "float32", items=75, n=2, task="kv"))),
         regime_search=RegimeSearch(GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), search_n=2, test_n=3),
+        # the whole pipeline (two searches, validation, export, the test with a trained MoICE router) on 5-document prompts
+        lpes_at_power=LpesAtPower(model="tiny-llama", dtype="float32",
+                                  ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), seeds=(0, 1),
+                                  search_records=2, finalists=2, validation_records=3,
+                                  test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE", 2)),
+                                  router=Training(steps=2, batch_size=2, lr=3e-3), items=5),
     ),
     # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
     # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
@@ -397,6 +455,20 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         # SE it reached). Searches only where the paired gate calls a cell a U (notebook 9 prints which).
         regime_search=RegimeSearch(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
                                    search_n=100, test_n=200),
+        # the LPES Qwen setting at a CPU budget (the plan: lpes_nb.lpes_at_power). Its steps are background
+        # runs of `python -m lpes_nb.lpes_at_power` over several sittings (a search evaluation ~130-215 s,
+        # the test thousands of ~3k-token prompts): the notebook shows what they have stored
+        lpes_at_power=LpesAtPower(model="qwen2.5-coder-0.5b", dtype="bfloat16",
+                                  # population 16: 6 parents, 8 mutations, 2 crossovers; 6 generations (the paper: 32, 20)
+                                  ga=GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6), seeds=(0, 1),
+                                  # the log-prob fitness ranks random curves alike on two disjoint sets of 6 records (split-half ρ 0.92)
+                                  search_records=8, finalists=4, validation_records=60,
+                                  # LPES's claims at full power, the other baselines where the budget allows (>= 150, >= 100)
+                                  test_records=(("LPES", 321), ("PI", 321), ("Ms-PoE", 150), ("CALIOPE-Moses", 150),
+                                                ("CALIOPE-Hourglass", 150), ("CALIOPE-Decay", 150), ("Dynamic NTK", 100),
+                                                ("Attention Buckets", 100), ("MoICE", 100)),
+                                  # notebook 6's recipe (model frozen), on the search records' answers
+                                  router=Training(steps=30, batch_size=4, lr=3e-3, micro_batch=1), read_only=True),
     ),
     Profile(
         # Vicuna-7B-v1.5-16k: 75 UUID pairs are ~5.5k tokens, beyond the 4k window of Vicuna-7B-v1.5
@@ -426,6 +498,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         position_map=PositionMap(models=(MapModel("lmsys/vicuna-7b-v1.5-16k", "bfloat16", lengths=(1024, 2048, 4096, 8192, 12288),
                                                   mdqa_docs=(10, 20)),), n=100, batch_size=16),
         regime_search=RegimeSearch(GAConfig(), search_n=100, test_n=500),
+        # LPES Table 1's Qwen: the paper's GA on the whole search part (it searched on 200 records, tested on
+        # 500; MDQA-20 has 441), every method on the whole test part
+        lpes_at_power=LpesAtPower(model="Qwen/Qwen2.5-7B-Instruct", dtype="bfloat16", ga=GAConfig(), seeds=(0, 1),
+                                  search_records=60, finalists=4, validation_records=60,
+                                  test_records=tuple((m, 321) for m in ("LPES", "PI", "Ms-PoE", "CALIOPE-Moses", "CALIOPE-Hourglass",
+                                                                        "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", "MoICE")),
+                                  router=Training(steps=2000, batch_size=8, lr=3e-3, micro_batch=1), batch_size=16),
     ),
 )}
 
@@ -454,6 +533,9 @@ def _paper_dry(paper: Profile) -> Profile:
                        bench_n=1),
         position_map=replace(paper.position_map, n=1),
         regime_search=replace(paper.regime_search, ga=small_ga, search_n=1, test_n=1),
+        lpes_at_power=replace(paper.lpes_at_power, model="paper-dry-llama", ga=small_ga, search_records=1, finalists=1,
+                              validation_records=1, test_records=tuple((m, 1) for m, _ in paper.lpes_at_power.test_records),
+                              router=replace(paper.lpes_at_power.router, steps=2)),
     )
 
 
@@ -479,6 +561,9 @@ PROFILES["gpu"] = replace(
                                            RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=500, task="kv"),
                                            RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=500, task="kv"))),
     regime_search=RegimeSearch(GAConfig(), search_n=200, test_n=500),
+    # the embedded Qwen at the paper's GA budget, every method on the whole test part
+    lpes_at_power=replace(PROFILES["paper"].lpes_at_power, model="qwen2.5-coder-0.5b",
+                          router=replace(PROFILES["cpu"].lpes_at_power.router, steps=200)),
 )
 
 
@@ -493,6 +578,7 @@ def _gpu_dry(gpu: Profile) -> Profile:
                                          MapModel("tiny-qwen2", "bfloat16", lengths=(96,), mdqa_docs=(5,))), n=2, batch_size=4,
                                  record_cells=(RecordCell("tiny-qwen2", "bfloat16", items=5, n=2),)),
         regime_search=replace(gpu.regime_search, ga=small_ga, search_n=2, test_n=2, require_u=False),
+        lpes_at_power=replace(PROFILES["smoke"].lpes_at_power, dtype="bfloat16"),
     )
 
 

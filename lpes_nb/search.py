@@ -22,7 +22,7 @@ from .evaluate import evaluate_samples
 from .fitness import LAMBDAS, PositionFitness, difference_text, fitness_se, position_tables, weighted_fitness
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .methods import LayerScales
-from .models import model_identity
+from .models import dtype_name, model_identity
 from .results import ResultCache, cache_key, will_compute
 from .rope import RopePatch, RopeSpec
 from .tasks import EvalSettings, TaskConfig
@@ -87,7 +87,7 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
     else:
         if not model_name:
             raise ValueError(f"backend {backend!r} needs model_name, so that every worker loads the model itself")
-        spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, str(model.dtype).removeprefix("torch."),
+        spec = FitnessSpec(model_name, task, settings, tuple(lambdas), tie_break, dtype_name(model.dtype),
                            str(cache_dir), value=run.value, prefill_chunk=run.prefill_chunk)
         with distributed_fitness(spec, backend, run.workers, run.ray_address, run.num_gpus, progress) as remote:
             if remote.fingerprint() != fitness.fingerprint():

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: every numbered notebook (01-09) in order under papermill, profile `cpu` by default
+# The main job: every numbered notebook (01-10) in order under papermill, profile `cpu` by default
 # (PROFILE=smoke|cpu|paper|...). Arguments go to `python -m lpes_nb.run`: --only 02 05, --from 03,
 # --publish, -p NAME VALUE, --dry-run.
 source "$(dirname "$0")/env.sh"

@@ -148,8 +148,9 @@ def test_table1_layout_and_verdicts_per_claim():
     verdicts = lpes_at_power.claims(table, diffs).set_index("method")["verdict"]
     paper_gap = paper.loc["LPES", "average"] - paper.loc["baseline", "average"]
     assert paper_gap > 0 and verdicts["LPES"].iloc[0] == "reproduced"  # LPES vs baseline, then vs PI
-    pi_claim = paper.loc["PI", "average"] - paper.loc["baseline", "average"]
-    assert verdicts["PI"] == ("opposite" if pi_claim > 0 else "reproduced")
+    # the paper's PI row averages what its baseline does (63.0 both): its claim is "no difference"
+    assert round(paper.loc["PI", "average"] - paper.loc["baseline", "average"], 1) == 0
+    assert verdicts["PI"] == "not reproduced: ours differs"
     assert verdicts["Ms-PoE"] == "undetermined: no record differs"  # the same answers: no test, no negative
     noisy = {**cells, "Ms-PoE": base.assign(correct=np.where(rng.random(len(base)) < 0.1, 1 - base["correct"], base["correct"]))}
     diffs = method_differences(noisy, [("Ms-PoE", "baseline")], position="relative_position")
@@ -244,3 +245,83 @@ def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_pa
     (table, resumed), (table_full, full) = results["killed"], results["uninterrupted"]
     assert resumed.history.equals(full.history) and resumed.scored == full.scored and table.equals(table_full)
     assert resumed.best_fitness == full.best_fitness and list(table["generation"]) == [0, 1, 2, 3]
+
+
+def test_the_cpu_profile_names_the_committed_search_and_bad_settings_are_refused():
+    """The notebook and the CLI read the study's settings from the profile: under ``cpu`` they must
+    name the search whose checkpoint is committed (a moved key would show it as never run)."""
+    from dataclasses import replace
+
+    from lpes_nb.models import QWEN
+    from lpes_nb.profiles import PROFILES, LpesAtPower
+    from lpes_nb.results import project_root
+
+    model, tokenizer = load_model(QWEN, dtype="bfloat16"), load_tokenizer(QWEN)
+    search, _ = lpes_at_power.searched(model, tokenizer, QWEN, 0, lpes_at_power.Plan.of("cpu"))
+    assert search.checkpoint.name == "search_mdqa20_s0-9d83ba9bcf354603.ckpt.json"
+    assert (project_root() / "results" / "lpes_at_power" / search.checkpoint.name).exists()
+    cpu = PROFILES["cpu"].lpes_at_power
+    for bad, match in (({"items": 25}, r"items must be None .* \[2, 20\], got 25"),
+                       ({"finalists": 17}, r"finalists must be in \[1, 16\]"),
+                       ({"validation_records": 61}, r"validation_records must be in \[1, 60\]"),
+                       ({"test_records": (("LPES", 400), ("PI", 321))}, r"records in \[1, 321\]\), got \('LPES', 400\)"),
+                       ({"test_records": (("LPES", 321),)}, "must test LPES and its PI twin"),
+                       ({"seeds": (0, 0)}, "seeds must be distinct"), ({"dtype": "float16"}, "dtype must be")):
+        with pytest.raises(ValueError, match=match):
+            replace(cpu, **bad)
+    with pytest.raises(ValueError, match="unknown test method"):
+        lpes_at_power.methods_for_test([1.0] * 4, ["baseline", "LPES", "Ms-PoE2"])
+    assert isinstance(cpu, LpesAtPower) and cpu.read_only and not PROFILES["smoke"].lpes_at_power.read_only
+
+
+def _profile_for(monkeypatch, name: str, **changes):
+    from dataclasses import replace
+
+    from lpes_nb.profiles import PROFILES
+
+    smoke = PROFILES["smoke"]
+    monkeypatch.setitem(PROFILES, name, replace(smoke, name=name, lpes_at_power=replace(smoke.lpes_at_power, **changes)))
+
+
+def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp_path, monkeypatch):
+    """The ``cpu`` notebook reads what the background runs stored: one seed searched, the other not,
+    no validation, no test -- the convergence of the one, the commands for the rest, nothing computed."""
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    _profile_for(monkeypatch, "smoke-read", read_only=True)
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    plan = lpes_at_power.Plan.of("smoke-read")
+    stored = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, plan, progress=False)  # what a background run left
+    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a read-only study must not evaluate"))
+    found = lpes_at_power.study("smoke-read", progress=False)
+    assert found["convergence"].equals(stored.round(5)) and set(found["convergence"]["seed"]) == {0}
+    assert "validation" not in found and "claims" not in found
+    assert found["pending"] == [
+        "the search of seed(s) [1] has not finished: python -m lpes_nb.lpes_at_power search --profile smoke-read --seeds 0 1",
+        "validation: python -m lpes_nb.lpes_at_power validate --profile smoke-read --seeds 0 1",
+        "test: python -m lpes_nb.lpes_at_power test --profile smoke-read --methods LPES PI Ms-PoE MoICE"]
+    text = lpes_at_power.conclusion(found, "smoke-read")
+    assert "**Search, seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 3
+
+
+def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_settings(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 2), ("PI", 2)), validation_records=2)
+    found = lpes_at_power.study("smoke-all", progress=False)
+    assert found["pending"] == [] and set(found["convergence"]["seed"]) == {0, 1}
+    assert found["validation"]["chosen"].sum() == 1 and (found["validation"]["validation_records"] == 2).all()
+    assert set(found["claims"]["method"]) == {"LPES", "PI"} and (found["claims"]["n"] == 2).all()
+    text = lpes_at_power.conclusion(found, "smoke-all")
+    assert all(f"**{r.method} − {r.reference}**" in text and r.verdict in text for r in found["claims"].itertuples())
+    # read back: the same tables, nothing evaluated
+    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
+    monkeypatch.setattr("lpes_nb.position_map.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
+    again = lpes_at_power.study("smoke-all", progress=False)
+    pd.testing.assert_frame_equal(again["claims"], found["claims"], check_dtype=False)
+    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 3), ("PI", 3)), validation_records=2)
+    with pytest.raises(ValueError, match=r"holds \{.*'LPES': 2.*records per method, the profile 'smoke-all' asks for \{'LPES': 3, 'PI': 3\}"):
+        lpes_at_power.study("smoke-all", progress=False)
+    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 2), ("PI", 2)), validation_records=3)
+    with pytest.raises(ValueError, match="holds seeds \\[0, 1\\] on 2 validation records, the profile 'smoke-all' asks for \\[0, 1\\] on 3"):
+        lpes_at_power.study("smoke-all", progress=False)
