@@ -51,6 +51,8 @@ SHAPES = {
     "smollm2-135m": Shape(layers=30, hidden=576, intermediate=1536, heads=9, head_dim=64, vocab=49152, kv_heads=3),
     "qwen2.5-coder-0.5b": Shape(layers=24, hidden=896, intermediate=4864, heads=14, head_dim=64, vocab=151936, kv_heads=2),
     "lmsys/vicuna-7b-v1.5-16k": VICUNA_7B,
+    # LPES Table 1's Qwen (its hub config.json: 28 layers, width 3584, MLP 18944, 28 / 4 heads, vocabulary 152064)
+    "Qwen/Qwen2.5-7B-Instruct": Shape(layers=28, hidden=3584, intermediate=18944, heads=28, head_dim=128, vocab=152064, kv_heads=4),
 }
 
 
@@ -83,6 +85,7 @@ def prompt_cost(shape: Shape, gpu: Gpu, prompts: float, tokens: float, new_token
 
 
 def ga_evaluations(cfg) -> int:
-    """Individuals a GA scores at most: the first population, then the new children of each generation
-    (duplicates are read from the fitness cache, so this is an upper bound)."""
-    return cfg.population + cfg.generations * (cfg.population - cfg.parents)
+    """Individuals a GA scores at most: the first population, then in each generation its mutations and
+    *both* children of every crossover (the fitter is kept: :meth:`lpes_nb.ga.GeneticSearch._next_generation`);
+    duplicates are read from the fitness cache, so this is an upper bound."""
+    return cfg.population + cfg.generations * (cfg.mutations + 2 * cfg.crossovers)

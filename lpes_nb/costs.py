@@ -46,7 +46,7 @@ from .profiles import Profile, profile
 from .regime_search import TRANSFER
 from .results import project_root, write_csv, write_json
 from .run import discover, run, select
-from .tasks import TASKS
+from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS
 from .training import frozen
 
 COSTS_DIR = "results/costs"
@@ -274,10 +274,45 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
     return pd.DataFrame(rows)
 
 
+# --- the plan of notebook 10 (LPES at power) ------------------------------------------------------
+
+PASSES = {"Attention Buckets": 7}  # forward passes per prompt (one per RoPE base); every other method: one
+
+
+def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None) -> pd.DataFrame:
+    """What notebook 10 costs under profile ``p`` on one GPU before it starts (:class:`lpes_nb.profiles.LpesAtPower`):
+    one row per stage (prompts of ~``items`` x 160 tokens, new tokens, PFLOP, estimated GPU hours; ``gpu``
+    by default the H100 at the share of its peak a model of this size sustains). The search and the
+    validation score (no new tokens) 3 gold positions per record, every GA individual at most once
+    (:func:`lpes_nb.cost_model.ga_evaluations`); the MoICE router's steps cost a forward and a backward
+    (~3 forwards) per prompt; the test answers 5 positions per record with the original 100 new tokens.
+    Shared prefixes, which the CPU path uses, are not counted: an upper bound."""
+    s = p.lpes_at_power
+    shape = shape_of(s.model)
+    gpu = gpu or (H100 if shape.parameters > 1e9 else H100_SMALL_MODELS)
+    tokens = (s.items or 20) * MDQA_TOKENS_PER_DOC
+    rows = []
+
+    def add(stage, prompts, new_tokens):
+        flops, seconds = prompt_cost(shape, gpu, prompts, tokens, new_tokens, s.batch_size)
+        rows.append({"stage": stage, "model": s.model, "prompt_tokens": tokens, "prompts": int(prompts), "new_tokens": new_tokens,
+                     "pflop": round(flops / 1e15, 3), "gpu_hours": round(seconds / 3600, 3)})
+
+    add("search: GA", len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records, 0)  # + the unmodified model's line
+    add("validation", (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records, 0)
+    sizes = dict(s.test_records)
+    if "MoICE" in sizes:
+        add("test: MoICE router", 3 * s.router.steps * s.router.batch_size, 0)
+    for method, n in {"baseline": max(sizes.values()), **sizes}.items():
+        add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS)
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["dry-run", "memory", "table", "plan"])
-    parser.add_argument("--profile", default="gpu", help="plan: the profile whose notebook 9 to plan")
+    parser.add_argument("--profile", default="gpu", help="plan: the profile whose notebook to plan")
+    parser.add_argument("--notebook", type=int, choices=(9, 10), default=9, help="plan: notebook 9 (map, regime search) or 10 (LPES at power)")
     parser.add_argument("--out", type=Path, default=Path("runs/paper-dry"), help="executed notebooks and store (dry-run)")
     parser.add_argument("--from", dest="start", help="dry-run: resume at this notebook")
     args = parser.parse_args(argv)
@@ -289,8 +324,8 @@ def main(argv: list[str] | None = None) -> None:
         print(memory_fit(measured).to_string(index=False))
         return
     if args.command == "plan":
-        plan = notebook9_plan(profile(args.profile))
-        write_csv(project_root() / COSTS_DIR / f"{args.profile}_notebook9_plan.csv", plan)
+        plan = (notebook9_plan if args.notebook == 9 else lpes_at_power_plan)(profile(args.profile))
+        write_csv(project_root() / COSTS_DIR / f"{args.profile}_notebook{args.notebook}_plan.csv", plan)
         print(plan.to_string(index=False))
         print(plan.groupby(["model", plan.stage.str.split(":").str[0]], sort=False).gpu_hours.sum().round(2).to_string())
         return

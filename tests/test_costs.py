@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -161,7 +162,7 @@ def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
     spec, rs = p.position_map, p.regime_search
     cells = sum(len(m.lengths) * len(LENGTH_TASKS) + len(m.mdqa_docs) for m in spec.models)
     assert (plan.stage == "map").sum() == cells and plan[plan.stage == "map"].prompts.eq(spec.n * 5).all()
-    assert ga_evaluations(rs.ga) == 32 + 20 * 20  # the paper's budget: 12 parents kept, 20 children a generation
+    assert ga_evaluations(rs.ga) == 32 + 20 * (16 + 2 * 4)  # the paper's budget: 16 mutations, both children of 4 crossovers
     ga = plan[(plan.stage == "search: GA") & (plan.task == "kv")]
     assert ga.prompts.eq(ga_evaluations(rs.ga) * len(rs.seeds) * 3 * rs.search_n).all()
     # the plan grows with the prompt: the search at 28k tokens costs more per prompt than at 7k
@@ -184,3 +185,35 @@ def test_notebook9_plan_of_a_found_regime_plans_its_transfer_at_the_closest_leng
     plan = notebook9_plan(PROFILES["gpu"], regimes={"smollm2-135m": ("mdqa", 3200)})
     search = plan[(plan.model == "smollm2-135m") & (plan.stage == "search: GA")]
     assert search[["task", "prompt_tokens"]].values.tolist() == [["mdqa", 3200], ["kv", 4096]]  # 4,096: the closest KV length
+
+
+def test_ga_evaluations_bound_what_a_search_scores():
+    """The plan's count of GA evaluations is what a search scores at most, and near it: a GA scores both
+    children of every crossover (counting one per crossover planned the paper's search 16 % short)."""
+    from lpes_nb.cost_model import ga_evaluations
+    from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch
+
+    target = np.linspace(1.0, 2.0, 32)
+    for cfg in (GAConfig(seed=0), PROFILES["cpu"].lpes_at_power.ga):
+        res = GeneticSearch(BezierSpace(32), lambda s: -np.abs(s - target).mean(axis=1), cfg, progress=False).run()
+        assert cfg.population + cfg.generations * (cfg.population - cfg.parents) < res.evaluations <= ga_evaluations(cfg)
+
+
+def test_notebook10_plan_counts_the_search_validation_and_every_test_method():
+    from lpes_nb.cost_model import ga_evaluations
+    from lpes_nb.costs import PASSES, lpes_at_power_plan
+
+    for name in ("cpu", "gpu", "paper"):
+        s = PROFILES[name].lpes_at_power
+        plan = lpes_at_power_plan(PROFILES[name]).set_index("stage")
+        assert plan.loc["search: GA", "prompts"] == len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records
+        assert plan.loc["validation", "prompts"] == (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records
+        sizes = dict(s.test_records)
+        assert plan.loc["test: baseline", "prompts"] == 5 * max(sizes.values())
+        for method, n in sizes.items():
+            assert plan.loc[f"test: {method}", "prompts"] == PASSES.get(method, 1) * 5 * n
+            assert plan.loc[f"test: {method}", "new_tokens"] == 100
+        assert (plan.gpu_hours > 0).all()
+    # the 7B costs more per prompt than the embedded Qwen
+    small, big = (lpes_at_power_plan(PROFILES[n]).set_index("stage") for n in ("gpu", "paper"))
+    assert (big.gpu_hours / big.prompts)["test: LPES"] > 3 * (small.gpu_hours / small.prompts)["test: LPES"]
