@@ -1,8 +1,9 @@
 """The named configurations of the notebooks: ``smoke`` (tiny random model, CI), ``cpu`` (the
 committed run on the embedded model), ``gpu`` (the embedded models on a GPU: notebook 9's map
 on long prompts — the analogue of the papers' Vicuna rows, which fill a 4k window — and the LPES Qwen
-setting, MDQA-20 on all 441 records, with the search at the paper's budget), ``gpu-dry`` (the gpu
-profile's notebook 9 on tiny random models, in CI), ``paper`` (the papers' settings, for a GPU) and
+setting, MDQA-20 on all 441 records, with the search at the paper's budget; notebook 10 at the paper's
+GA budget), ``gpu-dry`` (the gpu profile's notebook 9 on tiny random models, in CI; notebook 10 as in ``smoke``, in bf16), ``paper``
+(the papers' settings, for a GPU; notebook 10 on LPES Table 1's Qwen2.5-7B) and
 ``paper-dry`` (the paper's shapes on a small random model, to measure what the paper profile costs).
 
 One typed object per study, one :class:`Profile` per name. Every setting is checked when this
