@@ -386,7 +386,9 @@ def study(profile: str, progress: bool = True) -> dict:
     if tables:
         found["convergence"] = pd.concat(tables, ignore_index=True).round(5)
         write_csv(paths["convergence"], found["convergence"])
-    unfinished = [seed for seed in s.seeds if not searched(model, tokenizer, s.model, seed, plan)[0].finished()]
+    # a seed is finished when its convergence reaches the last generation (no checkpoint: not started)
+    last = found["convergence"].groupby("seed")["generation"].max() if tables else pd.Series(dtype=int)
+    unfinished = [seed for seed in s.seeds if last.get(seed, -1) < s.ga.generations]
     if unfinished:
         found["pending"].append(f"the search of seed(s) {unfinished} has not finished: {command.format('search')}{seeds}")
     if paths["validation"].exists():
