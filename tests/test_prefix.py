@@ -2,6 +2,7 @@
 logits within 1e-4 and identical answers for every method that shares, on tiny and both embedded
 models; every registered method declares whether it shares."""
 
+import itertools
 import weakref
 
 import numpy as np
@@ -23,6 +24,34 @@ def test_the_plan_shares_the_longest_prefixes():
     assert prefix.token_ratio([prompts]) == pytest.approx((24 - 10) / 24)
     # a prompt equal to the anchor still computes its last token (its logits start the answer)
     assert prefix.PrefixPlan.of([[1, 2, 3], [1, 2, 3]]).shared[1] == 2
+
+
+def _padded(widths, batches, overhead):
+    return sum(len(b) * max(widths[r][1] for r in b) + overhead for b in batches)
+
+
+def test_batches_are_cut_where_padding_costs_least():
+    # a KV fitness's continuations: two runs of lengths; filling batches of 8 greedily pads the two
+    # short rows left over to the long run's length
+    widths = [(150, n) for n in (143, 143, 144, 146, 147, 147, 148, 150, 151, 151, 269, 269, 271, 271, 274, 276, 279, 280, 280, 281)]
+    batches = prefix.partition(widths, max_batch=8)
+    assert sorted(r for b in batches for r in b) == list(range(len(widths)))
+    assert all(b == list(range(b[0], b[-1] + 1)) and len(b) <= 8 for b in batches)
+    assert not any(widths[b[0]][1] < 200 < widths[b[-1]][1] for b in batches)  # no batch spans both runs
+    greedy = [list(range(k, min(k + 8, len(widths)))) for k in range(0, len(widths), 8)]
+    assert _padded(widths, batches, 48) < _padded(widths, greedy, 48) - 200
+    # the fewest tokens over every cut into consecutive batches (brute force), within the limits
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        widths = sorted([(int(rng.integers(0, 50)), int(rng.integers(1, 60))) for _ in range(7)], key=lambda w: w[1])
+        batches = prefix.partition(widths, max_batch=3, token_budget=200, overhead=10)
+        cuts = [[list(range(a, b)) for a, b in zip((0, *c), (*c, 7))]
+                for k in range(7) for c in itertools.combinations(range(1, 7), k)]
+        feasible = [c for c in cuts if all(len(b) == 1 or (len(b) <= 3 and len(b) * (max(widths[r][0] for r in b)
+                                                                                     + max(widths[r][1] for r in b)) <= 200)
+                                           for b in c)]
+        assert batches in feasible
+        assert _padded(widths, batches, 10) == min(_padded(widths, c, 10) for c in feasible)
 
 
 def test_every_registered_method_declares_whether_it_shares():
@@ -222,3 +251,26 @@ def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypa
     with pytest.raises(ValueError, match="measured on CPU A .* this is CPU B"):
         throughput.run(out=out, parts=("fitness",), progress=False)
     assert json.loads(out.read_text())["cpu"]["cpu"] == "CPU A"  # nothing half-written
+
+
+def test_the_stored_throughput_reads_as_tables_with_their_bars():
+    from lpes_nb import plots, throughput
+
+    sweep = {"plain_s": 10.0, "shared_s": 6.0, "time_ratio": 0.6, "token_ratio": 0.7, "flop_ratio": 0.72, "identical": True,
+             "prompts": 50, "model": "m", "dtype": "bfloat16", "what": "MDQA-20 sweep, 10 records x gold (0, 5, 10, 15, 19)"}
+    report = {"cpu": {"cpu": "CPU A", "cores": 2, "native_bf16": True, "advertises_amx": False}, "torch_threads": 2,
+              "gemm_gflops": {"float32": 400.0}, "forward": [{"model": "m", "dtype": "float32", "tokens": 1024, "seconds": 1.0,
+                                                              "tokens_per_s": 1024.0, "gflops": 300.0, "percent_of_gemm_peak": 75.0}],
+              "sweeps": [{**sweep, "mode": "score"}, {**sweep, "mode": "generate", "time_ratio": 0.85},
+                         {**sweep, "mode": "score", "what": "one fitness evaluation of the search", "time_ratio": 0.76, "rounds": 5,
+                          "time_ratio_min_max": [0.7, 0.8]}]}
+    t = throughput.tables(report)["comparisons"]
+    assert t["bar"].tolist() == pytest.approx([0.75, 0.8, 0.75])  # the fitness call: its token ratio + 0.05
+    assert t["meets_bar"].tolist() == [True, False, False]
+    assert t[["ratio_low", "ratio_high"]].iloc[2].tolist() == [0.7, 0.8] and t["rounds"].tolist() == [1, 1, 5]
+    text = throughput.conclusion(report)
+    assert "CPU A" in text and text.count("**met**") == 1 and text.count("**missed**") == 2 and "75 % of peak" in text
+    fig = plots.throughput(**throughput.tables(report), title="t")
+    assert len(fig.axes) == 2
+    with pytest.raises(FileNotFoundError, match="python -m lpes_nb.throughput"):
+        throughput.load(throughput.STORED.with_name("absent.json"))
