@@ -209,11 +209,7 @@ def _base(label: str) -> str:
     return label.split(SEARCHED_ON)[0]
 
 
-def router_budget(training: Training) -> RouterTraining:
-    return RouterTraining(**training.recipe, micro_batch=training.micro_batch)
-
-
-def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = router_budget(CPU.router),
+def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = RouterTraining.of(CPU.router),
                    records: int | None = None, items: int | None = None, progress: bool = True) -> MoICE:
     """MoICE with its router trained on this model (the profile's ``router``: notebook 6's recipe, model
     frozen) on the answer loss of the first ``records`` (default all) search records of MDQA-20 (with
@@ -350,7 +346,7 @@ def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int
     if not paths["chosen"].exists():
         raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {searched_on} search")
     chosen = read_scales(paths["chosen"], model=model_identity(model, model_name))["scales"]
-    moice = (moice_for_test(model, tokenizer, model_name, plan.profile, router_budget(router), items=plan.items, progress=progress)
+    moice = (moice_for_test(model, tokenizer, model_name, plan.profile, RouterTraining.of(router), items=plan.items, progress=progress)
              if "MoICE" in sizes else None)
     methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice)
     labelled = {label: sizes[_base(label)] for label in methods if label != "baseline"}

@@ -149,6 +149,11 @@ class RouterTraining:
     micro_batch: int | None = None  # backward over this many prompts at a time: memory only, not in the recipe
     history: list[float] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, training) -> RouterTraining:
+        """The budget of a profile's :class:`lpes_nb.profiles.Training` (its recipe and micro-batch)."""
+        return cls(**training.recipe, micro_batch=training.micro_batch)
+
 
 def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
     """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
