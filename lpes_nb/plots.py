@@ -310,3 +310,32 @@ def paired_averages(diffs: pd.DataFrame, title: str):
     axes[0][0].invert_yaxis()  # the first comparison on top (the axes share y: invert once)
     fig.suptitle(title)
     return fig
+
+
+def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
+    """This CPU's speed (:func:`lpes_nb.throughput.tables`): left, one forward's share of the GEMM peak
+    of its dtype against the prompt length, per model and dtype; right, each plain-vs-shared
+    comparison's time ratio (whiskers: its rounds' range) beside the token and FLOP ratios the shared
+    prefixes allow and the bar it must meet."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.4), gridspec_kw={"width_ratios": [1, 1.25]})
+    for k, ((model, dtype), rows) in enumerate(forward.groupby(["model", "dtype"], sort=False)):
+        left.plot(rows["tokens"], rows["percent_of_gemm_peak"], marker="o", color=COLOURS[k % len(COLOURS)], label=f"{model}, {dtype}")
+    left.set_xlabel("prompt tokens (one forward)")
+    left.set_ylabel("% of the dtype's GEMM peak")
+    left.set_ylim(0, 105)
+    left.legend(loc="lower left")
+    y = np.arange(len(comparisons))
+    ratio = comparisons["time_ratio"].to_numpy()
+    right.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",
+                   capsize=3, color=COLOURS[0], label="time ratio (shared ÷ plain)")
+    right.scatter(comparisons["token_ratio"], y, marker="x", color=COLOURS[1], label="token ratio", zorder=3)
+    right.scatter(comparisons["flop_ratio"], y, marker="+", s=60, color=COLOURS[2], label="FLOP ratio", zorder=3)
+    right.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet", zorder=3)
+    right.set_yticks(y, [f"{r.comparison}\n{r.model}, {r.dtype}" for r in comparisons.itertuples()])
+    right.invert_yaxis()
+    right.set_xlim(0, 1.05)
+    right.axvline(1, color="0.6", lw=0.8)
+    right.set_xlabel("shared ÷ plain (lower is faster)")
+    right.legend(loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2, fontsize=8)
+    fig.suptitle(title)
+    return fig

@@ -1,9 +1,8 @@
 """How fast this CPU evaluates, and what shared prefixes save: ``results/bench/throughput.json``.
 
 * the CPU's GEMM peak (a 2048³ matmul, float32 and bf16 where bf16 is safe);
-* one forward per model, dtype and length (1k / 3k / 6k tokens): tokens/s, GFLOP/s and % of that
-  dtype's GEMM peak (matmul FLOPs 2 · matmul parameters · T plus attention 4 · layers · heads ·
-  head size · T² / 2, causal);
+* one forward per model, dtype and length (1k / 3k / 6k tokens, the last token's logits): tokens/s,
+  GFLOP/s and % of that dtype's GEMM peak (:func:`forward_flops`);
 * the MDQA-20 sweep (gold 0 / 5 / 10 / 15 / 19 on ``records`` real records): plain vs shared-prefix
   wall time for prefill only (score mode: one teacher-forced pass) and for the full generate mode
   (prefill + up to 100 new tokens), beside the token-count ratio the shared prefixes allow, and
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -55,14 +55,20 @@ def gemm_gflops(dtype: torch.dtype, sizes=(2048, 4096), repeats: int = 5) -> flo
     return best
 
 
-def forward_flops(model, tokens: int) -> float:
+def _decoder_matmul(model) -> int:
+    """Parameters of the decoder layers' matrix products (each used once per token): not the
+    embedding (a lookup) nor the output head (used once per kept logit)."""
+    head = model.get_output_embeddings().weight
+    return sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n and p is not head)
+
+
+def forward_flops(model, tokens: int, logits: int = 1) -> float:
+    """One forward of ``tokens`` tokens keeping ``logits`` logits: 2 · decoder matmul parameters · T,
+    2 · head parameters · logits, and causal attention 4 · layers · heads · head size · T² / 2."""
     cfg = model.config
-    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
-    if cfg.tie_word_embeddings:  # the output head is the embedding matrix
-        matmul += model.get_input_embeddings().weight.numel()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * tokens**2 / 2
-    return 2 * matmul * tokens + attention
+    return 2 * _decoder_matmul(model) * tokens + 2 * model.get_output_embeddings().weight.numel() * logits + attention
 
 
 @torch.inference_mode()
@@ -104,7 +110,7 @@ def flop_ratio(model, groups) -> float:
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_pair = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim
-    per_token = forward_flops(model, 1) - per_pair / 2
+    per_token = 2 * _decoder_matmul(model)  # the head's kept logits are the same on both paths
 
     def flops(total, cached):
         return per_token * (total - cached) + per_pair * (total**2 - cached**2) / 2
@@ -143,6 +149,56 @@ def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=N
 
 
 PARTS = ("gemm", "forward", "sweeps", "fitness")
+# the committed measurement, read where the repository is (not under $LPES_OUTPUT_ROOT): a fact about
+# the machine it names, shown by notebook 1 under every profile
+STORED = Path(__file__).resolve().parents[1] / "results" / "bench" / "throughput.json"
+# what shared prefixes are held to: a prefill-only sweep <= 0.75 of the plain path, the generate sweep <= 0.8, and the
+# shared path's savings not eaten by overhead: its time ratio at most 0.05 above its token ratio
+BARS = {"score": 0.75, "generate": 0.8}
+SLACK = 0.05
+
+
+def load(path: Path = STORED) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"no throughput measurement at {path}: run python -m lpes_nb.throughput (~40 min, machine to itself)")
+    return json.loads(path.read_text())
+
+
+def tables(report: dict) -> dict[str, pd.DataFrame]:
+    """A stored report (:func:`run`) as tables: ``forward`` (per model, dtype and length) and
+    ``comparisons`` (plain vs shared: time ratio, its rounds' range, the token and FLOP ratios,
+    whether the answers agree and whether the time ratio meets its bars)."""
+    forward = pd.DataFrame(report["forward"])
+    rows = []
+    for r in report["sweeps"]:
+        what = "a search's fitness call" if "fitness" in r["what"] else f"MDQA-20 sweep, {r['mode']} mode"
+        low, high = r.get("time_ratio_min_max", [r["time_ratio"]] * 2)
+        bar = r["token_ratio"] + SLACK if "fitness" in r["what"] else BARS[r["mode"]]
+        rows.append({"comparison": what, "model": r["model"], "dtype": r["dtype"], "prompts": r["prompts"],
+                     "rounds": r.get("rounds", 1), "plain_s": r["plain_s"], "shared_s": r["shared_s"],
+                     "time_ratio": r["time_ratio"], "ratio_low": low, "ratio_high": high, "token_ratio": r["token_ratio"],
+                     "flop_ratio": r.get("flop_ratio", np.nan), "identical": r["identical"], "bar": bar,
+                     "meets_bar": r["time_ratio"] <= bar, "within_token_ratio": r["time_ratio"] <= r["token_ratio"] + SLACK})
+    return {"forward": forward, "comparisons": pd.DataFrame(rows)}
+
+
+def conclusion(report: dict) -> str:
+    """Notebook 1's reading of the stored report, every number from it."""
+    t = tables(report)
+    cpu, peaks = report["cpu"], report["gemm_gflops"]
+    lines = [f"- Measured on **{cpu['cpu']}** ({cpu['cores']} cores, {report['torch_threads']} threads; bf16 "
+             f"{'native' if cpu['native_bf16'] else 'emulated'}, AMX {'advertised' if cpu['advertises_amx'] else 'absent'}). "
+             "GEMM peak " + ", ".join(f"{d} {v:,.0f} GFLOP/s" for d, v in peaks.items()) + "."]
+    for (model, dtype), f in t["forward"].groupby(["model", "dtype"], sort=False):
+        lines.append(f"- One forward, {model} {dtype}: " + ", ".join(
+            f"{int(r.tokens)} tokens {r.seconds:.2f} s ({r.percent_of_gemm_peak:.0f} % of peak)" for r in f.itertuples()) + ".")
+    for r in t["comparisons"].itertuples():
+        spread = f" (rounds {r.ratio_low:.2f}–{r.ratio_high:.2f}, median of {r.rounds})" if r.rounds > 1 else ""
+        lines.append(f"- {r.comparison} ({r.model} {r.dtype}, {r.prompts} prompts): plain {r.plain_s:.1f} s, shared "
+                     f"{r.shared_s:.1f} s, **{r.time_ratio:.2f}×**{spread}; token ratio {r.token_ratio:.2f}, FLOP ratio "
+                     f"{r.flop_ratio:.2f}; answers {'identical' if r.identical else 'not all identical (bf16 rounds by batch shape)'}; "
+                     f"bar ≤ {r.bar:.2f}: **{'met' if r.meets_bar else 'missed'}**.")
+    return "\n".join(lines)
 
 
 def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, progress: bool = True,

@@ -235,8 +235,12 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
     assert padded_tokens([[1] * 3, [1] * 5, [1] * 4], 2) == 2 * 4 + 1 * 5  # batches (3, 4) and (5)
     assert flop_ratio(model, [[[1, 2, 3, 4], [5, 6]]]) == 1.0  # nothing in common: nothing saved
     assert flop_ratio(model, [[[1, 2, 3, 4], [1, 2, 3, 5]]]) < 1.0
-    # FLOPs of a forward: 2 x matmul parameters x tokens plus the causal attention term
-    assert forward_flops(model, 200) > 2 * 200 * sum(p.numel() for n, p in model.named_parameters() if "layers" in n and p.dim() == 2)
+    # FLOPs of a forward: 2 x the layers' matmul parameters x tokens, the head once per kept logit, causal attention
+    cfg, head = model.config, model.get_output_embeddings().weight.numel()
+    layers = sum(p.numel() for n, p in model.named_parameters() if "layers" in n and p.dim() == 2)
+    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * 200**2 / 2
+    assert forward_flops(model, 200) == pytest.approx(2 * 200 * layers + 2 * head + attention)
+    assert forward_flops(model, 200, logits=3) - forward_flops(model, 200) == pytest.approx(4 * head)
 
 
 def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypatch):
