@@ -192,6 +192,10 @@ def conclusion(report: dict) -> str:
     for (model, dtype), f in t["forward"].groupby(["model", "dtype"], sort=False):
         lines.append(f"- One forward, {model} {dtype}: " + ", ".join(
             f"{int(r.tokens)} tokens {r.seconds:.2f} s ({r.percent_of_gemm_peak:.0f} % of peak)" for r in f.itertuples()) + ".")
+    prof = report.get("profile")
+    if prof:
+        lines.append(f"- Where a {prof['model']} {prof['dtype']} forward of {prof['tokens']} tokens spends its time (torch.profiler, "
+                     "self time): " + ", ".join(f"`{o['op']}` {100 * o['share']:.0f} %" for o in prof["ops"]) + ".")
     for r in t["comparisons"].itertuples():
         spread = f" (rounds {r.ratio_low:.2f}–{r.ratio_high:.2f}, median of {r.rounds})" if r.rounds > 1 else ""
         lines.append(f"- {r.comparison} ({r.model} {r.dtype}, {r.prompts} prompts): plain {r.plain_s:.1f} s, shared "
