@@ -50,7 +50,7 @@ from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
 from .methods import Method
-from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key
+from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from .moice import MoICE, RouterTraining, load_or_train
 from .position_gate import method_differences
 from .position_map import RELATIVE_POSITIONS, at_positions, positional_rows, record_cell
@@ -416,7 +416,9 @@ def conclusion(found: dict, profile: str) -> str:
     search stands against the unmodified model, the curve validation chose, each claim's verdict with
     its n, interval and MDE, and the steps not yet run."""
     s = named_profile(profile).lpes_at_power
-    lines = []
+    lines = [f"- **Setting**: {s.model}, {dtype_name(resolve_dtype(s.dtype))}, MDQA-20 ({s.items or 20} documents): search on "
+             f"{s.search_records} records of the split's search part, validation on {s.validation_records} of its validation "
+             "part, the test on its test part (n per claim below)."]
     if "convergence" in found:
         conv = found["convergence"]
         for r in conv.sort_values("generation").groupby("seed").tail(1).itertuples():

@@ -171,9 +171,10 @@ def tables(report: dict) -> dict[str, pd.DataFrame]:
     forward = pd.DataFrame(report["forward"])
     rows = []
     for r in report["sweeps"]:
-        what = "One fitness call of a search" if "fitness" in r["what"] else f"MDQA-20 sweep, {r['mode']} mode"
+        fitness = "fitness" in r["what"]
+        what = "One fitness call of a search" if fitness else f"MDQA-20 sweep, {r['mode']} mode"
         low, high = r.get("time_ratio_min_max", [r["time_ratio"]] * 2)
-        bar = r["token_ratio"] + SLACK if "fitness" in r["what"] else BARS[r["mode"]]
+        bar = r["token_ratio"] + SLACK if fitness else BARS[r["mode"]]
         rows.append({"comparison": what, "model": r["model"], "dtype": r["dtype"], "prompts": r["prompts"],
                      "rounds": r.get("rounds", 1), "plain_s": r["plain_s"], "shared_s": r["shared_s"],
                      "time_ratio": r["time_ratio"], "ratio_low": low, "ratio_high": high, "token_ratio": r["token_ratio"],

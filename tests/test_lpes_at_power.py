@@ -303,6 +303,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
         "test: python -m lpes_nb.lpes_at_power test --profile smoke-read --methods LPES PI Ms-PoE MoICE"]
     text = lpes_at_power.conclusion(found, "smoke-read")
     assert "**Search, seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 3
+    assert "**Setting**: tiny-llama, float32" in text and "search part" in text
 
 
 def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_settings(tmp_path, monkeypatch):
