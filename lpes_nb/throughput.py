@@ -10,7 +10,7 @@
 * one fitness evaluation of the search (per-layer scales, score mode on the search's samples).
 
 Every timing names the CPU it came from (:func:`lpes_nb.machine.describe_cpu`).
-Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json] [--parts sweeps fitness]``.
+Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json] [--parts score-sweep generate-sweep fitness]``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from . import prefix
 from .data import load_mdqa, mdqa_sample
-from .evaluate import encode, evaluate_samples, record_groups
+from .evaluate import encode, evaluate_samples, plain_batches, record_groups
 from .machine import describe_cpu
 from .methods import lpes
 from .models import QWEN, load_model, load_tokenizer
@@ -95,10 +95,11 @@ def forward_profile(model, tokens: int, top: int = 8) -> list[dict]:
     return [{"op": e.key, "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:top]]
 
 
-def padded_tokens(prompts, batch_size: int) -> int:
-    """Tokens the plain path computes: its batches (prompts sorted by length) padded to their longest."""
-    lengths = sorted(len(p) for p in prompts)
-    return sum(len(lengths[i:i + batch_size]) * lengths[i:i + batch_size][-1] for i in range(0, len(lengths), batch_size))
+def padded_tokens(prompts, batch_size: int, mode: str) -> int:
+    """Prompt tokens the plain path computes: its batches (:func:`lpes_nb.evaluate.plain_batches`)
+    padded to their longest."""
+    lengths = [len(p) for p in prompts]
+    return sum(len(b) * max(lengths[i] for i in b) for b in plain_batches(lengths, batch_size, mode))
 
 
 def flop_ratio(model, groups) -> float:
@@ -143,12 +144,12 @@ def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=N
     return {"prompts": len(samples), "mode": settings.mode, "rounds": rounds, "plain_s": float(table.loc["plain", "median_s"]),
             "shared_s": float(table.loc["shared", "median_s"]), "time_ratio": float(table.loc["shared", "median_ratio"]),
             "time_ratio_min_max": [float(table.loc["shared", "min_ratio"]), float(table.loc["shared", "max_ratio"])],
-            "token_ratio": ratio, "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size),
+            "token_ratio": ratio, "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size, settings.mode),
             "flop_ratio": flop_ratio(model, groups),
             "identical": bool((results[False][column].to_numpy() == results[True][column].to_numpy()).all())}
 
 
-PARTS = ("gemm", "forward", "sweeps", "fitness")
+PARTS = ("gemm", "forward", "score-sweep", "generate-sweep", "fitness")
 # the committed measurement, read where the repository is (not under $LPES_OUTPUT_ROOT): a fact about
 # the machine it names, shown by notebook 1 under every profile
 STORED = Path(__file__).resolve().parents[1] / "results" / "bench" / "throughput.json"
@@ -234,17 +235,21 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
                     report["forward"].append(row)
                     if progress:
                         print(row)
-    sweeps = [row for row in report.get("sweeps", []) if not (("sweeps" in parts and "MDQA" in row["what"])
-                                                               or ("fitness" in parts and "fitness" in row["what"]))]
+    def remeasured(row):
+        return f"{row['mode']}-sweep" in parts if "MDQA" in row["what"] else "fitness" in parts
+
+    sweeps = [row for row in report.get("sweeps", []) if not remeasured(row)]
+    modes = [settings for settings in (EvalSettings(mode="score", batch_size=8), TASKS["mdqa"].settings(8))
+             if f"{settings.mode}-sweep" in parts]
     dtype = dtypes[-1]
-    if "sweeps" in parts or "forward" in parts:
+    if modes or "forward" in parts:
         model, tokenizer = load_model(QWEN, dtype=dtype), load_tokenizer(QWEN)
     if "forward" in parts:
         report["profile"] = {"model": QWEN, "dtype": dtype, "tokens": 3072, "ops": forward_profile(model, 3072)}
-    if "sweeps" in parts:
+    if modes:
         data = load_mdqa(records)
         samples = [mdqa_sample(r, g, 20, i) for i, r in enumerate(data) for g in MDQA_GOLD]
-        for settings in (EvalSettings(mode="score", batch_size=8), TASKS["mdqa"].settings(8)):
+        for settings in modes:
             row = {"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype,
                    **sweep_comparison(model, tokenizer, samples, settings)}
             sweeps.append(row)

@@ -50,6 +50,32 @@ def test_scorer_equals_greedy_decoding_on_a_tiny_model(tiny_llama, tokenizer):
         _assert_scorer_matches_greedy(tiny_llama, prompts)
 
 
+def test_scorer_runs_long_prompts_one_at_a_time_and_batches_short_ones(tiny_llama):
+    """The plain scorer's batches hold at most TOKEN_BUDGET tokens (a padded batch of ~3k-token
+    prompts costs ~3x per prompt on a 2-core CPU), and the results do not depend on the batching."""
+    from lpes_nb.methods import Baseline
+    from lpes_nb.prefix import TOKEN_BUDGET
+
+    shapes = []
+
+    class Spy(Baseline):
+        def forward(self, model, ids, mask, positions, keep):
+            shapes.append(tuple(ids.shape))
+            return super().forward(model, ids, mask, positions, keep)
+
+    rng = np.random.default_rng(0)
+    lengths = [2100, 2200, 2150, 40, 45, 50, 42, 48, 41, 44, 47]  # any two long rows: > TOKEN_BUDGET
+    prompts = [rng.integers(5, 1000, n).tolist() for n in lengths]
+    targets = [rng.integers(5, 1000, 2).tolist() for _ in lengths]
+    correct, logprob = score_targets(tiny_llama, prompts, targets, batch_size=8, method=Spy())
+    assert all(rows * width <= TOKEN_BUDGET for rows, width in shapes if rows > 1)
+    assert sorted(rows for rows, width in shapes if width > 1000) == [1, 1, 1]  # each long prompt alone
+    assert [rows for rows, width in shapes if width < 100] == [8]  # the short ones in one batch of batch_size
+    single = [score_targets(tiny_llama, [p], [t], batch_size=1) for p, t in zip(prompts, targets)]
+    assert correct.tolist() == [bool(c[0]) for c, _ in single]
+    np.testing.assert_allclose(logprob, [lp[0] for _, lp in single], atol=1e-4)
+
+
 @pytest.mark.slow
 def test_scorer_equals_greedy_decoding_on_smollm2(smollm2, tokenizer):
     records = generate_kv(10, 4, seed=11, key_format="letters6", value_format="digits4")

@@ -232,7 +232,10 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
     assert row["identical"] and 0 < row["token_ratio"] < 1 and row["plain_s"] > 0 and row["shared_s"] > 0
     assert row["token_ratio_vs_padded_plain"] <= row["token_ratio"]  # padding only adds to what the plain path computes
     assert row["token_ratio"] <= row["flop_ratio"] < 1  # cached prefix keys are still attended to
-    assert padded_tokens([[1] * 3, [1] * 5, [1] * 4], 2) == 2 * 4 + 1 * 5  # batches (3, 4) and (5)
+    assert padded_tokens([[1] * 3, [1] * 5, [1] * 4], 2, "generate") == 2 * 4 + 1 * 5  # batches (3, 4) and (5)
+    # score mode: two rows of 3000 and 2000 exceed the token budget, each runs alone
+    assert padded_tokens([[1] * 3000, [1] * 2000], 8, "score") == 5000
+    assert padded_tokens([[1] * 3000, [1] * 2000], 8, "generate") == 6000
     assert flop_ratio(model, [[[1, 2, 3, 4], [5, 6]]]) == 1.0  # nothing in common: nothing saved
     assert flop_ratio(model, [[[1, 2, 3, 4], [1, 2, 3, 5]]]) < 1.0
     # FLOPs of a forward: 2 x the layers' matmul parameters x tokens, the head once per kept logit, causal attention
@@ -241,6 +244,26 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
     attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * 200**2 / 2
     assert forward_flops(model, 200) == pytest.approx(2 * 200 * layers + 2 * head + attention)
     assert forward_flops(model, 200, logits=3) - forward_flops(model, 200) == pytest.approx(4 * head)
+
+
+def test_a_partial_throughput_rerun_replaces_only_its_parts(tmp_path, monkeypatch):
+    import json
+
+    from lpes_nb import throughput
+
+    out = tmp_path / "throughput.json"
+    here = {"cpu": "CPU A", "isa_flags": ["avx2"], "bf16": {"safe": False}, "native_bf16": False}
+    stored = [{"what": "MDQA-20 sweep", "mode": "score", "old": True}, {"what": "MDQA-20 sweep", "mode": "generate", "old": True},
+              {"what": "one fitness evaluation", "mode": "score", "old": True}]
+    out.write_text(json.dumps({"cpu": here, "sweeps": stored}))
+    monkeypatch.setattr(throughput, "describe_cpu", lambda: here)
+    monkeypatch.setattr(throughput, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(throughput, "load_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(throughput, "load_mdqa", lambda n: [])
+    monkeypatch.setattr(throughput, "sweep_comparison", lambda model, tok, samples, settings, *a, **k: {"mode": settings.mode})
+    throughput.run(out=out, parts=("generate-sweep",), progress=False)
+    rows = json.loads(out.read_text())["sweeps"]
+    assert [(r["mode"], r.get("old", False)) for r in rows] == [("score", True), ("score", True), ("generate", False)]
 
 
 def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypatch):
