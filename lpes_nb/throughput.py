@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from . import prefix
 from .data import load_mdqa, mdqa_sample
 from .evaluate import encode, evaluate_samples, plain_batches, record_groups
+from .lpes_at_power import PREFILL_CHUNK as LPES_AT_POWER_CHUNK
 from .machine import describe_cpu
 from .methods import lpes
 from .models import QWEN, load_model, load_tokenizer
@@ -121,32 +123,41 @@ def flop_ratio(model, groups) -> float:
     return shared / plain
 
 
-def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None, rounds: int = 1) -> dict:
+def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=None, rounds: int = 1,
+                     pieces: Sequence[int | None] = (None,)) -> list[dict]:
     """Plain vs shared wall time of one evaluation (with ``rounds`` > 1: interleaved rounds after a
-    warm-up, medians and the median per-round ratio), whether the results agree, and what the time
-    ratio is to be read against: shared ÷ plain prompt tokens, the same against the plain path's
-    padded batches, and shared ÷ plain FLOPs (:func:`flop_ratio`)."""
+    warm-up, medians and the median per-round ratio), one row per shared variant (``pieces``: its
+    continuations in one pass, None, or in pieces of that many tokens), whether its results agree
+    with the plain path's, and what the time ratio is to be read against: shared ÷ plain prompt
+    tokens, the same against the plain path's padded batches, and shared ÷ plain FLOPs
+    (:func:`flop_ratio`)."""
     results = {}
 
-    def variant(shared):
+    def variant(name, **options):
         def run():
-            results[shared] = evaluate_samples(model, tokenizer, samples, settings=settings, method=method,
-                                               shared_prefix=shared, progress=False)
+            results[name] = evaluate_samples(model, tokenizer, samples, settings=settings, method=method, progress=False,
+                                             **options)
         return run
 
-    times = interleaved_times({"plain": variant(False), "shared": variant(True)}, rounds, warmup=int(rounds > 1))
+    names = {chunk: "shared" if chunk is None else f"shared, {chunk}-token pieces" for chunk in pieces}
+    variants = {"plain": variant("plain", shared_prefix=False),
+                **{names[c]: variant(names[c], shared_prefix=True, prefill_chunk=c) for c in pieces}}
+    times = interleaved_times(variants, rounds, warmup=int(rounds > 1))
     table = ratio_to_baseline(times, "plain").set_index("variant")
     prompts = [encode(tokenizer, s) for s in samples]
     groups = [[prompts[i] for i in g] for g in record_groups(samples)]
     ratio = prefix.token_ratio(groups)
     shared_tokens = ratio * sum(len(p) for p in prompts)
     column = "prediction" if settings.mode == "generate" else "correct"
-    return {"prompts": len(samples), "mode": settings.mode, "rounds": rounds, "plain_s": float(table.loc["plain", "median_s"]),
-            "shared_s": float(table.loc["shared", "median_s"]), "time_ratio": float(table.loc["shared", "median_ratio"]),
-            "time_ratio_min_max": [float(table.loc["shared", "min_ratio"]), float(table.loc["shared", "max_ratio"])],
-            "token_ratio": ratio, "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size, settings.mode),
-            "flop_ratio": flop_ratio(model, groups),
-            "identical": bool((results[False][column].to_numpy() == results[True][column].to_numpy()).all())}
+    return [{"prompts": len(samples), "mode": settings.mode, "pieces": chunk, "rounds": rounds,
+             "plain_s": float(table.loc["plain", "median_s"]), "shared_s": float(table.loc[name, "median_s"]),
+             "time_ratio": float(table.loc[name, "median_ratio"]),
+             "time_ratio_min_max": [float(table.loc[name, "min_ratio"]), float(table.loc[name, "max_ratio"])],
+             "token_ratio": ratio,
+             "token_ratio_vs_padded_plain": shared_tokens / padded_tokens(prompts, settings.batch_size, settings.mode),
+             "flop_ratio": flop_ratio(model, groups),
+             "identical": bool((results["plain"][column].to_numpy() == results[name][column].to_numpy()).all())}
+            for chunk, name in names.items()]
 
 
 PARTS = ("gemm", "forward", "score-sweep", "generate-sweep", "fitness")
@@ -174,6 +185,8 @@ def tables(report: dict) -> dict[str, pd.DataFrame]:
     for r in report["sweeps"]:
         fitness = "fitness" in r["what"]
         what = "One fitness call of a search" if fitness else f"MDQA-20 sweep, {r['mode']} mode"
+        if r.get("pieces"):  # rows stored before pieces were timed ran in one pass
+            what += f", shared in {r['pieces']}-token pieces"
         low, high = r.get("time_ratio_min_max", [r["time_ratio"]] * 2)
         bar = r["token_ratio"] + SLACK if fitness else BARS[r["mode"]]
         rows.append({"comparison": what, "model": r["model"], "dtype": r["dtype"], "prompts": r["prompts"],
@@ -250,19 +263,19 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
         data = load_mdqa(records)
         samples = [mdqa_sample(r, g, 20, i) for i, r in enumerate(data) for g in MDQA_GOLD]
         for settings in modes:
-            row = {"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype,
-                   **sweep_comparison(model, tokenizer, samples, settings)}
-            sweeps.append(row)
-            if progress:
-                print(row)
+            # score mode also as lpes_at_power runs it: continuations in pieces (its PREFILL_CHUNK)
+            pieces = (None, LPES_AT_POWER_CHUNK) if settings.mode == "score" else (None,)
+            for row in sweep_comparison(model, tokenizer, samples, settings, pieces=pieces):
+                sweeps.append({"what": f"MDQA-20 sweep, {records} records x gold {MDQA_GOLD}", "model": QWEN, "dtype": dtype, **row})
+                if progress:
+                    print(sweeps[-1])
     if "fitness" in parts:
         smol, smol_tok = load_model("smollm2-135m"), load_tokenizer("smollm2-135m")
         search = TaskConfig("kv", 20, n=10, seed=7).samples()
         scales = lpes(np.linspace(1.0, 2.0, smol.config.num_hidden_layers))
-        row = {"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
-               "model": "smollm2-135m", "dtype": "float32",
-               **sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales, rounds=5)}
-        sweeps.append(row)
+        (row,) = sweep_comparison(smol, smol_tok, search, EvalSettings(mode="score"), scales, rounds=5)
+        sweeps.append({"what": "one fitness evaluation of the search (KV, 20 pairs, 3 positions x 10 records, per-layer scales)",
+                       "model": "smollm2-135m", "dtype": "float32", **row})
         if progress:
             print(row)
     report["sweeps"] = sweeps

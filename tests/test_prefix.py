@@ -228,7 +228,8 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
     from lpes_nb.throughput import flop_ratio, forward_flops, padded_tokens, sweep_comparison
 
     model = load_model("tiny-llama")
-    row = sweep_comparison(model, tokenizer, _kv_samples(8), EvalSettings(mode="score"))
+    row, pieces = sweep_comparison(model, tokenizer, _kv_samples(8), EvalSettings(mode="score"), pieces=(None, 16))
+    assert (row["pieces"], pieces["pieces"]) == (None, 16) and pieces["identical"] and pieces["plain_s"] == row["plain_s"]
     assert row["identical"] and 0 < row["token_ratio"] < 1 and row["plain_s"] > 0 and row["shared_s"] > 0
     assert row["token_ratio_vs_padded_plain"] <= row["token_ratio"]  # padding only adds to what the plain path computes
     assert row["token_ratio"] <= row["flop_ratio"] < 1  # cached prefix keys are still attended to
@@ -260,7 +261,7 @@ def test_a_partial_throughput_rerun_replaces_only_its_parts(tmp_path, monkeypatc
     monkeypatch.setattr(throughput, "load_model", lambda *a, **k: None)
     monkeypatch.setattr(throughput, "load_tokenizer", lambda *a, **k: None)
     monkeypatch.setattr(throughput, "load_mdqa", lambda n: [])
-    monkeypatch.setattr(throughput, "sweep_comparison", lambda model, tok, samples, settings, *a, **k: {"mode": settings.mode})
+    monkeypatch.setattr(throughput, "sweep_comparison", lambda model, tok, samples, settings, *a, **k: [{"mode": settings.mode}])
     throughput.run(out=out, parts=("generate-sweep",), progress=False)
     rows = json.loads(out.read_text())["sweeps"]
     assert [(r["mode"], r.get("old", False)) for r in rows] == [("score", True), ("score", True), ("generate", False)]
@@ -288,15 +289,17 @@ def test_the_stored_throughput_reads_as_tables_with_their_bars():
     report = {"cpu": {"cpu": "CPU A", "cores": 2, "native_bf16": True, "advertises_amx": False}, "torch_threads": 2,
               "gemm_gflops": {"float32": 400.0}, "forward": [{"model": "m", "dtype": "float32", "tokens": 1024, "seconds": 1.0,
                                                               "tokens_per_s": 1024.0, "gflops": 300.0, "percent_of_gemm_peak": 75.0}],
-              "sweeps": [{**sweep, "mode": "score"}, {**sweep, "mode": "generate", "time_ratio": 0.85},
+              "sweeps": [{**sweep, "mode": "score"}, {**sweep, "mode": "score", "pieces": 512, "time_ratio": 0.5},
+                         {**sweep, "mode": "generate", "time_ratio": 0.85},
                          {**sweep, "mode": "score", "what": "one fitness evaluation of the search", "time_ratio": 0.76, "rounds": 5,
                           "time_ratio_min_max": [0.7, 0.8]}]}
     t = throughput.tables(report)["comparisons"]
-    assert t["bar"].tolist() == pytest.approx([0.75, 0.8, 0.75])  # the fitness call: its token ratio + 0.05
-    assert t["meets_bar"].tolist() == [True, False, False]
-    assert t[["ratio_low", "ratio_high"]].iloc[2].tolist() == [0.7, 0.8] and t["rounds"].tolist() == [1, 1, 5]
+    assert t["bar"].tolist() == pytest.approx([0.75, 0.75, 0.8, 0.75])  # the fitness call: its token ratio + 0.05
+    assert t["meets_bar"].tolist() == [True, True, False, False]
+    assert t["comparison"].iloc[1] == "MDQA-20 sweep, score mode, shared in 512-token pieces"
+    assert t[["ratio_low", "ratio_high"]].iloc[3].tolist() == [0.7, 0.8] and t["rounds"].tolist() == [1, 1, 1, 5]
     text = throughput.conclusion(report)
-    assert "CPU A" in text and text.count("**met**") == 1 and text.count("**missed**") == 2 and "75 % of peak" in text
+    assert "CPU A" in text and text.count("**met**") == 2 and text.count("**missed**") == 2 and "75 % of peak" in text
     fig = plots.throughput(**throughput.tables(report), title="t")
     assert len(fig.axes) == 2
     with pytest.raises(FileNotFoundError, match="python -m lpes_nb.throughput"):
