@@ -89,7 +89,7 @@ def plain_batches(lengths: Sequence[int], batch_size: int, mode: str) -> list[li
     """The plain path's batches (indices of ``lengths``, shortest first). Score mode: at most
     ``batch_size`` rows and :data:`lpes_nb.prefix.TOKEN_BUDGET` tokens, cut where padding costs least
     (:func:`lpes_nb.prefix.partition`): on a CPU a padded batch of long prompts costs more per prompt
-    than one prompt alone (16.5 vs 5.7 s per 3.2k-token Qwen bf16 prompt on 2 AMD EPYC cores), so a
+    than one prompt alone (9.1 vs 6.3 s per 3.2k-token Qwen bf16 scoring on 2 AMD EPYC cores), so a
     ~3k-token prompt runs by itself. Generate mode: batches of ``batch_size`` (its decoding steps
     gain from rows; a budget there is not measured)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])

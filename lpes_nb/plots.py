@@ -323,7 +323,7 @@ def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
     left.set_xlabel("prompt tokens (one forward)")
     left.set_ylabel("% of the dtype's GEMM peak")
     left.set_ylim(0, 105)
-    left.legend(loc="lower left")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)  # below: inside, it hid the lowest line
     y = np.arange(len(comparisons))
     ratio = comparisons["time_ratio"].to_numpy()
     right.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",

@@ -135,7 +135,7 @@ def prefill(model, prompts: Sequence[Sequence[int]], extra: Sequence[Sequence[in
 # rows of one batched continuation, at most this many tokens (rows x longest row, cache included): on
 # a 2-core CPU a padded batch of long prompts costs more per prompt than one prompt alone (the padding
 # mask takes attention off its fast path: 6.2 vs 3.3 s per 3.2k-token Qwen bf16 prompt on an Intel Xeon
-# with AMX, 16.5 vs 5.7 s on an AMD EPYC with AVX512-BF16), so long prompts run one
+# with AMX, 9.1 vs 6.3 s on an AMD EPYC with AVX512-BF16), so long prompts run one
 # at a time and short ones (a KV fitness: ~300 tokens) in batches
 TOKEN_BUDGET = 4096
 # one forward's fixed cost (Python, per-layer kernel launches) in tokens' worth of compute: SmolLM2 on

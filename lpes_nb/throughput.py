@@ -160,6 +160,11 @@ def sweep_comparison(model, tokenizer, samples, settings: EvalSettings, method=N
             for chunk, name in names.items()]
 
 
+def _sweep_order(row: dict) -> tuple:
+    """The MDQA sweeps first (score, then generate; one pass before pieces), the fitness call last."""
+    return "fitness" in row["what"], row["mode"] != "score", row.get("pieces") or 0
+
+
 PARTS = ("gemm", "forward", "score-sweep", "generate-sweep", "fitness")
 # the committed measurement, read where the repository is (not under $LPES_OUTPUT_ROOT): a fact about
 # the machine it names, shown by notebook 1 under every profile
@@ -278,7 +283,7 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
                        "model": "smollm2-135m", "dtype": "float32", **row})
         if progress:
             print(row)
-    report["sweeps"] = sweeps
+    report["sweeps"] = sorted(sweeps, key=_sweep_order)
     write_json(out, report)
     return report
 

@@ -264,7 +264,9 @@ def test_a_partial_throughput_rerun_replaces_only_its_parts(tmp_path, monkeypatc
     monkeypatch.setattr(throughput, "sweep_comparison", lambda model, tok, samples, settings, *a, **k: [{"mode": settings.mode}])
     throughput.run(out=out, parts=("generate-sweep",), progress=False)
     rows = json.loads(out.read_text())["sweeps"]
-    assert [(r["mode"], r.get("old", False)) for r in rows] == [("score", True), ("score", True), ("generate", False)]
+    # the MDQA sweeps first (score, generate), the fitness call last
+    assert [("fitness" in r["what"], r["mode"], r.get("old", False)) for r in rows] == [
+        (False, "score", True), (False, "generate", False), (True, "score", True)]
 
 
 def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypatch):
