@@ -220,7 +220,7 @@ def conclusion(report: dict) -> str:
         spread = f" (rounds {r.ratio_low:.2f}–{r.ratio_high:.2f}, median of {r.rounds})" if r.rounds > 1 else ""
         lines.append(f"- {r.comparison} ({r.model} {r.dtype}, {r.prompts} prompts): plain {r.plain_s:.1f} s, shared "
                      f"{r.shared_s:.1f} s, **{r.time_ratio:.2f}×**{spread}; token ratio {r.token_ratio:.2f}, FLOP ratio "
-                     f"{r.flop_ratio:.2f}; answers {'identical' if r.identical else 'not all identical (bf16 rounds by batch shape)'}; "
+                     f"{r.flop_ratio:.2f}; answers {'identical' if r.identical else 'not all identical (bf16 rounding follows batch and piece shapes)'}; "
                      f"bar ≤ {r.bar:.3f}: **{'met' if r.meets_bar else 'missed'}**.")
     return "\n".join(lines)
 
