@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .benchmarks import METHODS
 from .cost_model import H100, H100_SMALL_MODELS, SHAPES, VICUNA_7B, Gpu, Shape, ga_evaluations, prompt_cost
 from .footprint import reset_peak_rss, rss_kib
 from .models import model_from_config, tiny_config
@@ -47,6 +48,8 @@ from .regime_search import TRANSFER
 from .results import project_root, write_csv, write_json
 from .run import discover, run, select
 from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS
+from .throughput import has_rates, seconds_per_prompt
+from .throughput import load as load_throughput
 from .training import frozen
 
 COSTS_DIR = "results/costs"
@@ -279,32 +282,49 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
 PASSES = {"Attention Buckets": 7}  # forward passes per prompt (one per RoPE base); every other method: one
 
 
-def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None) -> pd.DataFrame:
+def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = None) -> pd.DataFrame:
     """What notebook 10 costs under profile ``p`` on one GPU before it starts (:class:`lpes_nb.profiles.LpesAtPower`):
     one row per stage (prompts of ~``items`` x 160 tokens, new tokens, PFLOP, estimated GPU hours; ``gpu``
     by default the H100 at the share of its peak a model of this size sustains). The search and the
     validation score (no new tokens) 3 gold positions per record, every GA individual at most once
     (:func:`lpes_nb.cost_model.ga_evaluations`); the MoICE router's steps cost a forward and a backward
     (~3 forwards) per prompt; the test answers 5 positions per record with the original 100 new tokens.
-    Shared prefixes, which the CPU path uses, are not counted: an upper bound."""
+    Shared prefixes, which the CPU path uses, are not counted: an upper bound.
+
+    ``cpu``: a throughput report (:func:`lpes_nb.throughput.load`) measured on the profile's model and
+    dtype adds ``cpu_hours``: prompts x that CPU's measured seconds per prompt on the path each stage
+    takes (:func:`lpes_nb.throughput.seconds_per_prompt`): shared-prefix scoring for the search and
+    validation; for the test, shared-prefix decoding for the methods that share, else plain decoding
+    plus a plain scoring pass for the gold log-probability (:func:`lpes_nb.position_map.record_rows`);
+    the router's steps ~3 plain scorings per prompt. The rates come from records at 5 gold positions:
+    a 3-position fitness shares less and costs more per prompt (the validation: 6.0 s measured, 4.5 s
+    the rate), so the search and validation rows are low by about a quarter."""
     s = p.lpes_at_power
     shape = shape_of(s.model)
     gpu = gpu or (H100 if shape.parameters > 1e9 else H100_SMALL_MODELS)
+    rate = None if cpu is None else seconds_per_prompt(cpu, s.model, s.dtype)
     tokens = (s.items or 20) * MDQA_TOKENS_PER_DOC
     rows = []
 
-    def add(stage, prompts, new_tokens):
+    def add(stage, prompts, new_tokens, cpu_seconds=None):
         flops, seconds = prompt_cost(shape, gpu, prompts, tokens, new_tokens, s.batch_size)
         rows.append({"stage": stage, "model": s.model, "prompt_tokens": tokens, "prompts": int(prompts), "new_tokens": new_tokens,
-                     "pflop": round(flops / 1e15, 3), "gpu_hours": round(seconds / 3600, 3)})
+                     "pflop": round(flops / 1e15, 3), "gpu_hours": round(seconds / 3600, 3)}
+                    | ({} if rate is None else {"cpu_hours": round(prompts * cpu_seconds / 3600, 2)}))
 
-    add("search: GA", len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records, 0)  # + the unmodified model's line
-    add("validation", (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records, 0)
+    def per_prompt(*paths):  # (shared?, mode) of each pass a prompt takes
+        return None if rate is None else sum(rate[path] for path in paths)
+
+    add("search: GA", len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records, 0,  # + the unmodified model's line
+        per_prompt((True, "score")))
+    add("validation", (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records, 0, per_prompt((True, "score")))
     sizes = dict(s.test_records)
     if "MoICE" in sizes:
-        add("test: MoICE router", 3 * s.router.steps * s.router.batch_size, 0)
+        add("test: MoICE router", 3 * s.router.steps * s.router.batch_size, 0, per_prompt((False, "score")))
     for method, n in {"baseline": max(sizes.values()), **sizes}.items():
-        add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS)
+        shares = METHODS[method](np.ones(shape.layers), None).shares_prefix
+        add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
+            per_prompt((True, "generate")) if shares else per_prompt((False, "generate"), (False, "score")))
     return pd.DataFrame(rows)
 
 
@@ -324,7 +344,12 @@ def main(argv: list[str] | None = None) -> None:
         print(memory_fit(measured).to_string(index=False))
         return
     if args.command == "plan":
-        plan = (notebook9_plan if args.notebook == 9 else lpes_at_power_plan)(profile(args.profile))
+        p = profile(args.profile)
+        if args.notebook == 9:
+            plan = notebook9_plan(p)
+        else:  # with this CPU's hours where the committed throughput sweeps ran the profile's model
+            report = load_throughput()
+            plan = lpes_at_power_plan(p, cpu=report if has_rates(report, p.lpes_at_power.model, p.lpes_at_power.dtype) else None)
         write_csv(project_root() / COSTS_DIR / f"{args.profile}_notebook{args.notebook}_plan.csv", plan)
         print(plan.to_string(index=False))
         print(plan.groupby(["model", plan.stage.str.split(":").str[0]], sort=False).gpu_hours.sum().round(2).to_string())

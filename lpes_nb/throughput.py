@@ -202,6 +202,30 @@ def tables(report: dict) -> dict[str, pd.DataFrame]:
     return {"forward": forward, "comparisons": pd.DataFrame(rows)}
 
 
+def has_rates(report: dict, model: str, dtype: str) -> bool:
+    """Whether the report's MDQA-20 sweeps ran ``model`` in ``dtype`` (:func:`seconds_per_prompt`)."""
+    return {(r["model"], r["dtype"]) for r in report["sweeps"] if "MDQA" in r["what"]} == {(model, dtype)}
+
+
+def seconds_per_prompt(report: dict, model: str, dtype: str) -> dict[tuple[bool, str], float]:
+    """Wall seconds per MDQA-20 prompt on the report's CPU, by (shared prefixes?, mode), from its
+    MDQA-20 sweeps (5 gold positions a record; score mode shared as ``lpes_at_power`` runs it, in
+    pieces): what a plan of that study on this CPU multiplies. Refused for another model or dtype
+    than the sweeps ran (a rate of one does not transfer to another)."""
+    rows = [r for r in report["sweeps"] if "MDQA" in r["what"]]
+    if not has_rates(report, model, dtype):
+        measured = sorted({(r["model"], r["dtype"]) for r in rows})
+        raise ValueError(f"the throughput report's MDQA-20 sweeps ran {measured} on {report['cpu']['cpu']}; "
+                         f"no per-prompt rate for {model} {dtype}: measure it (python -m lpes_nb.throughput) on that model")
+    score = next((r for r in rows if r["mode"] == "score" and r.get("pieces") == LPES_AT_POWER_CHUNK), None)
+    generate = next((r for r in rows if r["mode"] == "generate"), None)
+    if score is None or generate is None:
+        raise ValueError(f"the throughput report lacks the score sweep in {LPES_AT_POWER_CHUNK}-token pieces or the generate "
+                         "sweep: python -m lpes_nb.throughput --parts score-sweep generate-sweep")
+    return {(shared, r["mode"]): (r["shared_s"] if shared else r["plain_s"]) / r["prompts"]
+            for r in (score, generate) for shared in (True, False)}
+
+
 def conclusion(report: dict) -> str:
     """Notebook 1's reading of the stored report, every number from it."""
     t = tables(report)

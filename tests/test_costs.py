@@ -217,3 +217,30 @@ def test_notebook10_plan_counts_the_search_validation_and_every_test_method():
     # the 7B costs more per prompt than the embedded Qwen
     small, big = (lpes_at_power_plan(PROFILES[n]).set_index("stage") for n in ("gpu", "paper"))
     assert (big.gpu_hours / big.prompts)["test: LPES"] > 3 * (small.gpu_hours / small.prompts)["test: LPES"]
+
+
+def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
+    """CPU hours from a throughput report's measured seconds per prompt: shared-prefix scoring for the
+    search, shared decoding for the methods that share, plain decoding plus a plain scoring pass for
+    the others (times their passes); a report measured on another model is refused, naming both."""
+    from lpes_nb.costs import PASSES, lpes_at_power_plan
+
+    s = PROFILES["cpu"].lpes_at_power
+    sweep = {"what": "MDQA-20 sweep", "model": s.model, "dtype": s.dtype, "prompts": 10}
+    report = {"cpu": {"cpu": "CPU A"}, "sweeps": [
+        {**sweep, "mode": "score", "pieces": None, "plain_s": 100.0, "shared_s": 60.0},
+        {**sweep, "mode": "score", "pieces": 512, "plain_s": 100.0, "shared_s": 50.0},  # 5 s shared, 10 s plain
+        {**sweep, "mode": "generate", "plain_s": 300.0, "shared_s": 200.0},  # 20 s shared, 30 s plain
+        {"what": "one fitness evaluation", "model": "smollm2-135m", "dtype": "float32", "mode": "score", "prompts": 30,
+         "plain_s": 1.0, "shared_s": 1.0}]}
+    plan = lpes_at_power_plan(PROFILES["cpu"], cpu=report).set_index("stage")
+    hours = plan.cpu_hours * 3600 / plan.prompts
+    assert hours["search: GA"] == pytest.approx(5, rel=1e-2) and hours["validation"] == pytest.approx(5, rel=1e-2)
+    for method in ("baseline", "LPES", "PI"):  # share prefixes
+        assert hours[f"test: {method}"] == pytest.approx(20, rel=1e-2)
+    for method in ("Ms-PoE", "CALIOPE-Moses", "Dynamic NTK", "MoICE", "Attention Buckets"):  # decode and score plain
+        assert hours[f"test: {method}"] == pytest.approx(30 + 10, rel=1e-2)
+    assert plan.loc["test: Attention Buckets", "prompts"] == PASSES["Attention Buckets"] * plan.loc["test: MoICE", "prompts"]
+    assert "cpu_hours" not in lpes_at_power_plan(PROFILES["cpu"])
+    with pytest.raises(ValueError, match=r"ran \[\('qwen2.5-coder-0.5b', 'bfloat16'\)\] on CPU A; no per-prompt rate for tiny-llama"):
+        lpes_at_power_plan(PROFILES["smoke"], cpu=report)
