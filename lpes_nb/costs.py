@@ -38,11 +38,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import splits
 from .benchmarks import METHODS
 from .cost_model import H100, H100_SMALL_MODELS, SHAPES, VICUNA_7B, Gpu, Shape, ga_evaluations, prompt_cost
 from .footprint import reset_peak_rss, rss_kib
 from .models import model_from_config, tiny_config
-from .position_map import LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
+from .position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
 from .profiles import Profile, profile
 from .regime_search import TRANSFER
 from .results import project_root, write_csv, write_json
@@ -303,21 +304,28 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
     shape = shape_of(s.model)
     gpu = gpu or (H100 if shape.parameters > 1e9 else H100_SMALL_MODELS)
     rate = None if cpu is None else seconds_per_prompt(cpu, s.model, s.dtype)
-    tokens = (s.items or 20) * MDQA_TOKENS_PER_DOC
+    mdqa_tokens = (s.items or 20) * MDQA_TOKENS_PER_DOC
     rows = []
 
-    def add(stage, prompts, new_tokens, cpu_seconds=None):
+    def add(stage, prompts, new_tokens, cpu_seconds=None, tokens=mdqa_tokens):
         flops, seconds = prompt_cost(shape, gpu, prompts, tokens, new_tokens, s.batch_size)
         rows.append({"stage": stage, "model": s.model, "prompt_tokens": tokens, "prompts": int(prompts), "new_tokens": new_tokens,
                      "pflop": round(flops / 1e15, 3), "gpu_hours": round(seconds / 3600, 3)}
-                    | ({} if rate is None else {"cpu_hours": round(prompts * cpu_seconds / 3600, 2)}))
+                    | ({} if rate is None else {"cpu_hours": np.nan if cpu_seconds is None else round(prompts * cpu_seconds / 3600, 2)}))
 
     def per_prompt(*paths):  # (shared?, mode) of each pass a prompt takes
         return None if rate is None else sum(rate[path] for path in paths)
 
-    add("search: GA", len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records, 0,  # + the unmodified model's line
-        per_prompt((True, "score")))
-    add("validation", (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records, 0, per_prompt((True, "score")))
+    search = len(s.seeds) * (ga_evaluations(s.ga) + 1) * 3 * s.search_records  # + the unmodified model's line
+    validation = (len(s.seeds) * s.finalists + 1) * 3 * s.validation_records
+    add("search: GA", search, 0, per_prompt((True, "score")))
+    add("validation", validation, 0, per_prompt((True, "score")))
+    for space in s.spaces[1:]:  # the other curve families, at the same budget
+        add(f"search: GA ({space})", search, 0, per_prompt((True, "score")))
+        add(f"validation: {space}", validation, 0, per_prompt((True, "score")))
+    for dataset in s.transfer:  # KV prompts: no CPU rate measured on them (the sweeps ran MDQA-20)
+        add(f"search: GA on {dataset}", search, 0, tokens=splits.FILES[dataset][1] * KV_TOKENS_PER_PAIR)
+        add(f"validation: {dataset}", validation, 0, tokens=splits.FILES[dataset][1] * KV_TOKENS_PER_PAIR)
     sizes = dict(s.test_records)
     if "MoICE" in sizes:
         add("test: MoICE router", 3 * s.router.steps * s.router.batch_size, 0, per_prompt((False, "score")))
@@ -325,6 +333,10 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
         shares = METHODS[method](np.ones(shape.layers), None).shares_prefix
         add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
             per_prompt((True, "generate")) if shares else per_prompt((False, "generate"), (False, "score")))
+    for dataset in s.transfer:  # the transferred curve and its PI twin on LPES's test records
+        for method in ("LPES", "PI"):
+            add(f"test: {method} (searched on {dataset})", sizes[method] * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
+                per_prompt((True, "generate")))
     return pd.DataFrame(rows)
 
 

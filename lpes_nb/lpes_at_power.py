@@ -54,7 +54,7 @@ from .models import dtype_name, load_model, load_tokenizer, model_identity, mode
 from .moice import MoICE, RouterTraining, load_or_train
 from .position_gate import method_differences
 from .position_map import RELATIVE_POSITIONS, at_positions, positional_rows, record_cell
-from .profiles import PROFILES, Training, profile as named_profile
+from .profiles import PROFILES, SPACES, Training, profile as named_profile
 from .results import output_dir, read_scales, save_scales, write_csv
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
 from .tasks import EvalSettings, TaskConfig
@@ -70,7 +70,6 @@ VALUE = "gold_logprob"
 TEST_METHODS = ("LPES", "PI", "Ms-PoE", "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "Dynamic NTK",
                 "Attention Buckets", "MoICE")
 
-SPACES = ("bezier", "linear", "free")  # the curve families at an equal search budget: cubic Bézier, linear, a free scale per layer
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,8 @@ class Plan:
         """The search of profile ``profile``'s study (:class:`lpes_nb.profiles.LpesAtPower`) on ``dataset``
         over the curve family ``space``."""
         s = named_profile(profile).lpes_at_power
-        return cls(dataset, space, s.search_records, s.ga, s.batch_size, s.items, profile)
+        items = s.items if splits.FILES[dataset][0] == "mdqa" else None  # a KV record's prompt holds all its pairs
+        return cls(dataset, space, s.search_records, s.ga, s.batch_size, items, profile)
 
     def __post_init__(self):
         if self.dataset not in splits.FILES:
@@ -290,7 +290,8 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
     paper's difference (points, from ``table``'s paper rows), ours with its interval, n and MDE (points),
     and the verdict: ``reproduced`` (ours significant after Holm, in the paper's direction),
     ``opposite`` (significant, the other way), ``not reproduced at MDE x`` (not significant; the
-    smallest effect these records could have seen), or ``no paper figure``. Where the paper's
+    smallest effect these records could have seen), or ``no paper figure`` (with ours: higher, lower or no
+    difference at MDE x, as :func:`lpes_nb.position_gate.method_differences` reads it). Where the paper's
     difference rounds to zero (its claim is "no difference"), ours not significant ``reproduced: no
     difference at MDE x``, significant ``not reproduced: ours differs``."""
     paper = table[table["source"] != "ours"].set_index("method")["average"]
@@ -299,7 +300,7 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
         claimed = paper[r.method] - paper[r.reference] if {r.method, r.reference} <= set(paper.index) else np.nan
         significant = r.p_holm < alpha
         if np.isnan(claimed):
-            verdict = "no paper figure"
+            verdict = f"no paper figure; ours: {r.verdict}"
         elif round(claimed, 1) == 0 and np.isfinite(r.mde):
             verdict = "not reproduced: ours differs" if significant else f"reproduced: no difference at MDE {100 * r.mde:.1f} points"
         elif significant and np.sign(r.difference) == np.sign(claimed):
@@ -360,20 +361,17 @@ def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int
     return tables
 
 
-def study(profile: str, progress: bool = True) -> dict:
-    """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
-    convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
-    ``pending``: the steps not yet run, each with the command that runs it. A profile that computes runs
-    (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads what the store
-    holds and computes nothing. A stored table made under other settings than the profile's is refused."""
+def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress: bool, pending: list[str]) -> dict:
+    """``plan``'s searches (each seed's convergence; run or resumed unless the profile is read-only) and
+    its validation (read back, or run once every seed's search has finished); each step not yet run
+    appended to ``pending`` with the command that runs it. A stored validation made under other seeds
+    or records than the profile's is refused."""
     s = named_profile(profile).lpes_at_power
-    model, tokenizer = load_model(s.model, dtype=s.dtype), load_tokenizer(s.model)
-    plan = Plan.of(profile)
     paths = _paths(plan, s.model, dtype_name(model.dtype))
-    command = f"python -m lpes_nb.lpes_at_power {{}} --profile {profile}"
-    seeds = f" --seeds {' '.join(map(str, s.seeds))}"
-    found: dict = {"pending": []}
-    tables = []
+    where = "".join(f" --{flag} {value}" for flag, value, default in (("dataset", plan.dataset, DATASET), ("space", plan.space, "bezier"))
+                    if value != default)
+    command = f"python -m lpes_nb.lpes_at_power {{}} --profile {profile}{where} --seeds {' '.join(map(str, s.seeds))}"
+    found, tables = {}, []
     for seed in s.seeds:
         try:
             tables.append(search_seed(model, tokenizer, s.model, seed, plan, progress, report_only=s.read_only))
@@ -386,7 +384,7 @@ def study(profile: str, progress: bool = True) -> dict:
     last = found["convergence"].groupby("seed")["generation"].max() if tables else pd.Series(dtype=int)
     unfinished = [seed for seed in s.seeds if last.get(seed, -1) < s.ga.generations]
     if unfinished:
-        found["pending"].append(f"the search of seed(s) {unfinished} has not finished: {command.format('search')}{seeds}")
+        pending.append(f"the {plan.label} search of seed(s) {unfinished} has not finished: {command.format('search')}")
     if paths["validation"].exists():
         found["validation"] = pd.read_csv(paths["validation"])
         stored = (sorted(int(k) for k in found["validation"]["seed"].unique()), int(found["validation"]["validation_records"].iloc[0]))
@@ -396,18 +394,77 @@ def study(profile: str, progress: bool = True) -> dict:
     elif not s.read_only and not unfinished:
         found["validation"] = run_validation(model, tokenizer, s.model, plan, s.seeds, s.finalists, s.validation_records, progress)
     else:
-        found["pending"].append(f"validation: {command.format('validate')}{seeds}")
-    sizes = dict(s.test_records)
+        pending.append(f"validation of the {plan.label} search: {command.format('validate')}")
+    return found
+
+
+def _tested(model, tokenizer, profile: str, plan: Plan, sizes: dict[str, int], searched_on: str, progress: bool,
+            pending: list[str], can_run: bool) -> dict:
+    """The test of the curve chosen on ``searched_on`` (tables read back, or run when ``can_run`` and the
+    profile computes); refused when stored under other record counts than ``sizes``."""
+    s = named_profile(profile).lpes_at_power
+    paths = _paths(replace(plan, dataset=searched_on), s.model, dtype_name(model.dtype))
     if paths["claims"].exists():
-        found |= {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
+        found = {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
         ours = found["table1"][found["table1"]["source"] == "ours"].set_index("method")["records"].to_dict()
-        if {m: n for m, n in ours.items() if m != "baseline"} != sizes:
+        if {_base(m): n for m, n in ours.items() if m != "baseline"} != sizes:
             raise ValueError(f"{paths['table1']} holds {ours} records per method, the profile {profile!r} asks for {sizes}: "
                              "rerun its test step")
-    elif not s.read_only and "validation" in found:
-        found |= run_test(model, tokenizer, s.model, plan, sizes, router=s.router, progress=progress)
-    else:
-        found["pending"].append(f"test: {command.format('test')} --methods {shlex.join(sizes)}")
+        return found
+    if not s.read_only and can_run:
+        return run_test(model, tokenizer, s.model, plan, sizes, searched_on, s.router, progress)
+    transfer = "" if searched_on == DATASET else f" --searched-on {searched_on}"
+    pending.append(f"test{' of the curve searched on ' + searched_on if transfer else ''}: python -m lpes_nb.lpes_at_power test "
+                   f"--profile {profile} --methods {shlex.join(sizes)}{transfer}")
+    return {}
+
+
+def families(model, tokenizer, model_name: str, curves: dict[str, list[float]], plan: Plan = Plan(),
+             records: int = CPU.validation_records) -> pd.DataFrame:
+    """The curve families compared on the validation records: each family's chosen curve (``curves``:
+    family -> scales) against the unmodified model and, for the others, against the Bézier curve, paired
+    on the records (:func:`lpes_nb.position_gate.method_differences`, the gold answer's log-probability,
+    Holm over the family of comparisons; the validation's cached rows, nothing recomputed). Each family
+    chose its curve on these records from as many finalists as the others, so every row carries the same
+    selection optimism."""
+    fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name)
+    cells = {name: fitness.table(scales) for name, scales in {**curves, "unmodified": [1.0] * model.config.num_hidden_layers}.items()}
+    pairs = [(space, "unmodified") for space in curves] + [(space, "bezier") for space in curves if space != "bezier"]
+    return method_differences(cells, pairs, VALUE)
+
+
+def study(profile: str, progress: bool = True) -> dict:
+    """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
+    convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
+    ``families`` (the other curve families' searches against Bézier on the validation records; their
+    chosen scales in ``family_curves``) and
+    ``transfer`` (each transfer search's chosen curve tested on MDQA-20: its claims, ``searched_on``
+    naming where); ``pending``: the steps not yet run, each with the command that runs it. A profile that
+    computes runs (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads
+    what the store holds and computes nothing. A stored table made under other settings than the
+    profile's is refused."""
+    s = named_profile(profile).lpes_at_power
+    model, tokenizer = load_model(s.model, dtype=s.dtype), load_tokenizer(s.model)
+    plan = Plan.of(profile)
+    pending: list[str] = []
+    found: dict = {"pending": pending} | _searched_and_validated(model, tokenizer, profile, plan, progress, pending)
+    sizes = dict(s.test_records)
+    found |= _tested(model, tokenizer, profile, plan, sizes, DATASET, progress, pending, "validation" in found)
+    validations = {"bezier": found.get("validation")}
+    for space in s.spaces[1:]:
+        validations[space] = _searched_and_validated(model, tokenizer, profile, Plan.of(profile, space=space), progress, pending).get("validation")
+    curves = {space: json.loads(v.loc[v["chosen"], "scales"].iloc[0]) for space, v in validations.items() if v is not None}
+    if len(curves) > 1 and "bezier" in curves:
+        found |= {"family_curves": curves, "families": families(model, tokenizer, s.model, curves, plan, s.validation_records)}
+    twins = {m: sizes[m] for m in ("LPES", "PI")}
+    transfers = []
+    for dataset in s.transfer:
+        chosen = "validation" in _searched_and_validated(model, tokenizer, profile, Plan.of(profile, dataset), progress, pending)
+        tested = _tested(model, tokenizer, profile, plan, twins, dataset, progress, pending, chosen)
+        if tested:
+            transfers.append(tested["claims"].assign(searched_on=dataset))
+    if transfers:
+        found["transfer"] = pd.concat(transfers, ignore_index=True)
     return found
 
 
@@ -438,6 +495,18 @@ def conclusion(found: dict, profile: str) -> str:
         lines.append(f"- **{r.method} − {r.reference}** (accuracy averaged over the 5 gold positions): {r.points:+.1f} points "
                      f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g} "
                      f"({paper}): **{r.verdict}**.")
+    if "families" in found:
+        f = found["families"]
+        for r in f[f["position"] == "average"].itertuples():
+            lines.append(f"- **Curve family {r.method} − {r.reference}** (validation, the gold answer's log-prob averaged over "
+                         f"begin / middle / end): {r.difference:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], n = {r.n} records, "
+                         f"MDE {r.mde:.3f}, Holm p = {r.p_holm:.3g}: **{r.verdict}** (each family's best of its finalists on "
+                         "these records).")
+    for r in found.get("transfer", pd.DataFrame()).itertuples():
+        mde = f"MDE {r.mde_points:.1f}" if np.isfinite(r.mde_points) else "no MDE (no record differs)"
+        lines.append(f"- **Transfer, {r.method} − {r.reference}** (MDQA-20 test, accuracy averaged over the 5 gold positions): "
+                     f"{r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = "
+                     f"{r.p_holm:.3g}: **{r.verdict}**.")
     lines += [f"- *Not yet run*: {step}" for step in found["pending"]]
     return "\n".join(lines)
 

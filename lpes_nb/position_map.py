@@ -40,6 +40,7 @@ RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
 VERSION = 1  # bump when the code behind a stored cell changes
 MDQA_TOKENS_PER_DOC = 160  # about, for ordering the cells by cost
+KV_TOKENS_PER_PAIR = 70  # about, for the file's UUID pairs (Qwen's tokenizer: 75 pairs 5.1k tokens; Llama's ~5.5k)
 FIXED_CELLS, RECORD_CELLS = "map cells (fixed n)", "record cells"  # the deficit table's sources
 
 

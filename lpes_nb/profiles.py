@@ -292,6 +292,11 @@ class SecondModel(_Checked):
                 raise ValueError(f"SecondModel.ranges: need 0 < low < high and step > 0, got {(low, high, step)}")
 
 
+# the curve families notebook 10 searches at an equal budget: cubic Bézier, piecewise linear through the
+# same control points, a free scale per layer
+SPACES = ("bezier", "linear", "free")
+
+
 @dataclass(frozen=True)
 class LpesAtPower(_Checked):
     """Notebook 10 (:mod:`lpes_nb.lpes_at_power`): LPES searched, validated and tested on MDQA-20's data
@@ -300,6 +305,9 @@ class LpesAtPower(_Checked):
     its ``finalists`` best curves per seed scored on ``validation_records`` validation records; the
     test: each (method, records) of ``test_records`` on that many test records (the baseline on the
     most any method takes); MoICE with a router trained by ``router`` on the search records.
+    ``spaces``: the curve families searched and validated on MDQA-20 at the same GA and seeds (Bézier,
+    the test's, first); ``transfer``: the other datasets of the split searched and validated alike, each
+    one's chosen curve tested on MDQA-20's test part with its PI twin on LPES's records (LPES App. F).
     ``read_only``: the notebook reads what the store holds (the search's checkpoints, the validation
     and test tables written by ``python -m lpes_nb.lpes_at_power``, hours of background CPU) and names
     each step not yet run, computing nothing; otherwise it runs (or resumes) every step."""
@@ -315,6 +323,8 @@ class LpesAtPower(_Checked):
     router: Training
     items: int | None = None
     batch_size: int = 8
+    spaces: tuple[str, ...] = SPACES
+    transfer: tuple[str, ...] = ("kv75",)
     read_only: bool = False
 
     def __post_init__(self):
@@ -338,6 +348,13 @@ class LpesAtPower(_Checked):
             if (len(pair) != 2 or not isinstance(pair[0], str) or isinstance(pair[1], bool) or not isinstance(pair[1], int)
                     or not 1 <= pair[1] <= parts["test"]):
                 raise ValueError(f"LpesAtPower.test_records: each entry is (method, records in [1, {parts['test']}]), got {pair!r}")
+        if self.spaces[0] != "bezier" or len(set(self.spaces)) != len(self.spaces) or not set(self.spaces) <= set(SPACES):
+            raise ValueError(f"LpesAtPower.spaces must be distinct families of {SPACES}, 'bezier' (the test's curve) first, "
+                             f"got {self.spaces!r}")
+        others = sorted(set(SIZES) - {"mdqa20"})
+        if len(set(self.transfer)) != len(self.transfer) or not set(self.transfer) <= set(others):
+            raise ValueError(f"LpesAtPower.transfer must be distinct datasets of {others} (searched there, tested on MDQA-20), "
+                             f"got {self.transfer!r}")
         if not {"LPES", "PI"} <= dict(self.test_records).keys():
             raise ValueError(f"LpesAtPower.test_records must test LPES and its PI twin, got {self.test_records!r}")
 
@@ -389,10 +406,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                  record_cells=(RecordCell("tiny-llama", "float32", items=5, n=2),
                                                RecordCell("paper-dry-llama", "float32", items=75, n=2, task="kv"))),
         regime_search=RegimeSearch(GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), search_n=2, test_n=3),
-        # the whole pipeline (two searches, validation, export, the test with a trained MoICE router) on 5-document prompts
-        lpes_at_power=LpesAtPower(model="tiny-llama", dtype="float32",
+        # the whole pipeline (two searches per curve family and on KV-75, validation, export, the test with a trained
+        # MoICE router, the transfer test) on 5-document prompts; the model with a window for KV-75's ~5.5k tokens
+        lpes_at_power=LpesAtPower(model="paper-dry-llama", dtype="float32",
                                   ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), seeds=(0, 1),
-                                  search_records=2, finalists=2, validation_records=3,
+                                  search_records=1, finalists=2, validation_records=3,
                                   test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE", 2)),
                                   router=Training(steps=2, batch_size=2, lr=3e-3), items=5),
     ),

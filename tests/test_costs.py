@@ -213,6 +213,14 @@ def test_notebook10_plan_counts_the_search_validation_and_every_test_method():
         for method, n in sizes.items():
             assert plan.loc[f"test: {method}", "prompts"] == PASSES.get(method, 1) * 5 * n
             assert plan.loc[f"test: {method}", "new_tokens"] == 100
+        # the other curve families at the Bézier search's budget; the transfer searched on KV-75's longer prompts
+        for space in ("linear", "free"):
+            assert plan.loc[f"search: GA ({space})", "prompts"] == plan.loc["search: GA", "prompts"]
+            assert plan.loc[f"validation: {space}", "prompts"] == plan.loc["validation", "prompts"]
+        assert plan.loc["search: GA on kv75", "prompts"] == plan.loc["search: GA", "prompts"]
+        assert plan.loc["search: GA on kv75", "prompt_tokens"] == 75 * 70 > plan.loc["search: GA", "prompt_tokens"]
+        for method in ("LPES", "PI"):
+            assert plan.loc[f"test: {method} (searched on kv75)", "prompts"] == 5 * sizes[method]
         assert (plan.gpu_hours > 0).all()
     # the 7B costs more per prompt than the embedded Qwen
     small, big = (lpes_at_power_plan(PROFILES[n]).set_index("stage") for n in ("gpu", "paper"))
@@ -241,6 +249,8 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
     for method in ("Ms-PoE", "CALIOPE-Moses", "Dynamic NTK", "MoICE", "Attention Buckets"):  # decode and score plain
         assert hours[f"test: {method}"] == pytest.approx(30 + 10, rel=1e-2)
     assert plan.loc["test: Attention Buckets", "prompts"] == PASSES["Attention Buckets"] * plan.loc["test: MoICE", "prompts"]
+    assert hours["search: GA (free)"] == pytest.approx(5, rel=1e-2) and hours["test: PI (searched on kv75)"] == pytest.approx(20, rel=1e-2)
+    assert plan.loc[["search: GA on kv75", "validation: kv75"], "cpu_hours"].isna().all()  # no rate measured on KV prompts
     assert "cpu_hours" not in lpes_at_power_plan(PROFILES["cpu"])
-    with pytest.raises(ValueError, match=r"ran \[\('qwen2.5-coder-0.5b', 'bfloat16'\)\] on CPU A; no per-prompt rate for tiny-llama"):
+    with pytest.raises(ValueError, match=r"ran \[\('qwen2.5-coder-0.5b', 'bfloat16'\)\] on CPU A; no per-prompt rate for paper-dry-llama"):
         lpes_at_power_plan(PROFILES["smoke"], cpu=report)

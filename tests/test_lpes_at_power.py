@@ -117,6 +117,8 @@ def test_a_plan_names_its_dataset_and_curve_family_and_keeps_the_first_search_s_
     assert free.run(1).name == "search_kv75_free_s1" and type(free.search_space(model)).__name__ == "PerLayerSpace"
     assert lpes_at_power.Plan(space="linear").search_space(model).curve == "linear"
     assert free.task().source == "file" and {s.sample_id for s in free.task().samples()} == set(splits.records("kv75", "search", 8))
+    # a profile's documents per prompt are MDQA's: a KV record's prompt holds all its pairs
+    assert lpes_at_power.Plan.of("smoke").items == 5 and lpes_at_power.Plan.of("smoke", "kv75").items is None
     for bad, match in ((dict(dataset="kv20"), "unknown dataset 'kv20'"), (dict(space="step"), "unknown search space 'step'")):
         with pytest.raises(ValueError, match=match):
             lpes_at_power.Plan(**bad)
@@ -268,7 +270,10 @@ def test_the_cpu_profile_names_the_committed_search_and_bad_settings_are_refused
                        ({"validation_records": 61}, r"validation_records must be in \[1, 60\]"),
                        ({"test_records": (("LPES", 400), ("PI", 321))}, r"records in \[1, 321\]\), got \('LPES', 400\)"),
                        ({"test_records": (("LPES", 321),)}, "must test LPES and its PI twin"),
-                       ({"seeds": (0, 0)}, "seeds must be distinct"), ({"dtype": "float16"}, "dtype must be")):
+                       ({"seeds": (0, 0)}, "seeds must be distinct"), ({"dtype": "float16"}, "dtype must be"),
+                       ({"spaces": ("linear", "bezier")}, r"spaces must be distinct families of .*'bezier' .* first, got \('linear', 'bezier'\)"),
+                       ({"spaces": ("bezier", "step")}, r"spaces must be .* got \('bezier', 'step'\)"),
+                       ({"transfer": ("mdqa20",)}, r"transfer must be distinct datasets of \['kv140', 'kv75'\] .*got \('mdqa20',\)")):
         with pytest.raises(ValueError, match=match):
             replace(cpu, **bad)
     with pytest.raises(ValueError, match="unknown test method"):
@@ -290,41 +295,64 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     no validation, no test -- the convergence of the one, the commands for the rest, nothing computed."""
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     _profile_for(monkeypatch, "smoke-read", read_only=True)
-    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    name = "paper-dry-llama"  # the smoke profile's
+    model, tokenizer = load_model(name), load_tokenizer(name)
     plan = lpes_at_power.Plan.of("smoke-read")
-    stored = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, plan, progress=False)  # what a background run left
+    stored = lpes_at_power.search_seed(model, tokenizer, name, 0, plan, progress=False)  # what a background run left
     monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a read-only study must not evaluate"))
     found = lpes_at_power.study("smoke-read", progress=False)
     assert found["convergence"].equals(stored.round(5)) and set(found["convergence"]["seed"]) == {0}
-    assert "validation" not in found and "claims" not in found
+    assert not {"validation", "claims", "families", "transfer"} & found.keys()
+    command = "python -m lpes_nb.lpes_at_power {} --profile smoke-read"
     assert found["pending"] == [
-        "the search of seed(s) [1] has not finished: python -m lpes_nb.lpes_at_power search --profile smoke-read --seeds 0 1",
-        "validation: python -m lpes_nb.lpes_at_power validate --profile smoke-read --seeds 0 1",
-        "test: python -m lpes_nb.lpes_at_power test --profile smoke-read --methods LPES PI Ms-PoE MoICE"]
+        f"the mdqa20 search of seed(s) [1] has not finished: {command.format('search')} --seeds 0 1",
+        f"validation of the mdqa20 search: {command.format('validate')} --seeds 0 1",
+        f"test: {command.format('test')} --methods LPES PI Ms-PoE MoICE",
+        f"the mdqa20_linear search of seed(s) [0, 1] has not finished: {command.format('search')} --space linear --seeds 0 1",
+        f"validation of the mdqa20_linear search: {command.format('validate')} --space linear --seeds 0 1",
+        f"the mdqa20_free search of seed(s) [0, 1] has not finished: {command.format('search')} --space free --seeds 0 1",
+        f"validation of the mdqa20_free search: {command.format('validate')} --space free --seeds 0 1",
+        f"the kv75 search of seed(s) [0, 1] has not finished: {command.format('search')} --dataset kv75 --seeds 0 1",
+        f"validation of the kv75 search: {command.format('validate')} --dataset kv75 --seeds 0 1",
+        f"test of the curve searched on kv75: {command.format('test')} --methods LPES PI --searched-on kv75"]
     text = lpes_at_power.conclusion(found, "smoke-read")
-    assert "**Search, seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 3
-    assert "**Setting**: tiny-llama, float32" in text and "search part" in text
+    assert "**Search, seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 10
+    assert f"**Setting**: {name}, float32" in text and "search part" in text
 
 
 def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_settings(tmp_path, monkeypatch):
     import pandas as pd
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
-    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 2), ("PI", 2)), validation_records=2)
+    settings = dict(test_records=(("LPES", 2), ("PI", 2)), validation_records=2, spaces=("bezier", "linear"))
+    _profile_for(monkeypatch, "smoke-all", **settings)
     found = lpes_at_power.study("smoke-all", progress=False)
     assert found["pending"] == [] and set(found["convergence"]["seed"]) == {0, 1}
     assert found["validation"]["chosen"].sum() == 1 and (found["validation"]["validation_records"] == 2).all()
     assert set(found["claims"]["method"]) == {"LPES", "PI"} and (found["claims"]["n"] == 2).all()
+    # the linear family against the unmodified model and Bézier on the validation records; the KV-75 curve on MDQA-20's test
+    families = found["families"][found["families"]["position"] == "average"]
+    assert list(zip(families.method, families.reference)) == [("bezier", "unmodified"), ("linear", "unmodified"), ("linear", "bezier")]
+    assert (families["n"] == 2).all() and set(found["family_curves"]) == {"bezier", "linear"}
+    transfer = found["transfer"]
+    assert list(zip(transfer.method, transfer.reference)) == [("LPES (searched on kv75)", "baseline"), ("PI (searched on kv75)", "baseline"),
+                                                              ("LPES (searched on kv75)", "PI (searched on kv75)")]
+    assert (transfer["n"] == 2).all() and (transfer["searched_on"] == "kv75").all() and transfer["verdict"].str.startswith("no paper figure; ours: ").all()
+    kv = json.loads((tmp_path / "results" / "smoke-all" / "lpes_at_power" / "chosen_scales_kv75_paper-dry-llama_float32.json").read_text())
+    assert kv["dataset"] == "kv75" and kv["search_records"] == splits.records("kv75", "search", 1)
     text = lpes_at_power.conclusion(found, "smoke-all")
     assert all(f"**{r.method} − {r.reference}**" in text and r.verdict in text for r in found["claims"].itertuples())
+    assert all(f"**Curve family {r.method} − {r.reference}**" in text for r in families.itertuples())
+    assert all(f"**Transfer, {r.method} − {r.reference}**" in text and r.verdict in text for r in transfer.itertuples())
     # read back: the same tables, nothing evaluated
     monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
     monkeypatch.setattr("lpes_nb.position_map.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
     again = lpes_at_power.study("smoke-all", progress=False)
-    pd.testing.assert_frame_equal(again["claims"], found["claims"], check_dtype=False)
-    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 3), ("PI", 3)), validation_records=2)
+    for table in ("claims", "families", "transfer"):
+        pd.testing.assert_frame_equal(again[table], found[table], check_dtype=False)
+    _profile_for(monkeypatch, "smoke-all", **settings | dict(test_records=(("LPES", 3), ("PI", 3))))
     with pytest.raises(ValueError, match=r"holds \{.*'LPES': 2.*records per method, the profile 'smoke-all' asks for \{'LPES': 3, 'PI': 3\}"):
         lpes_at_power.study("smoke-all", progress=False)
-    _profile_for(monkeypatch, "smoke-all", test_records=(("LPES", 2), ("PI", 2)), validation_records=3)
+    _profile_for(monkeypatch, "smoke-all", **settings | dict(validation_records=3))
     with pytest.raises(ValueError, match="holds seeds \\[0, 1\\] on 2 validation records, the profile 'smoke-all' asks for \\[0, 1\\] on 3"):
         lpes_at_power.study("smoke-all", progress=False)
