@@ -307,7 +307,8 @@ class LpesAtPower(_Checked):
     most any method takes); MoICE with a router trained by ``router`` on the search records.
     ``spaces``: the curve families searched and validated on MDQA-20 at the same GA and seeds (Bézier,
     the test's, first); ``transfer``: the other datasets of the split searched and validated alike, each
-    one's chosen curve tested on MDQA-20's test part with its PI twin on LPES's records (LPES App. F).
+    one's chosen curve tested on MDQA-20's test part with its PI twin on LPES's records (a cross-task transfer
+    the paper does not report: its Table 2 carries MDQA-searched scales to ZeroSCROLLS and L-Eval).
     ``read_only``: the notebook reads what the store holds (the search's checkpoints, the validation
     and test tables written by ``python -m lpes_nb.lpes_at_power``, hours of background CPU) and names
     each step not yet run, computing nothing; otherwise it runs (or resumes) every step."""
