@@ -340,6 +340,14 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
     return pd.DataFrame(rows)
 
 
+def lpes_at_power_plan_here(p: Profile) -> tuple[pd.DataFrame, str | None]:
+    """:func:`lpes_at_power_plan` with CPU hours where the committed throughput report's sweeps ran the
+    profile's model and dtype; and the name of that CPU (None: GPU hours only)."""
+    report = load_throughput()
+    measured = has_rates(report, p.lpes_at_power.model, p.lpes_at_power.dtype)
+    return lpes_at_power_plan(p, cpu=report if measured else None), report["cpu"]["cpu"] if measured else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lpes_nb.costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["dry-run", "memory", "table", "plan"])
@@ -359,9 +367,8 @@ def main(argv: list[str] | None = None) -> None:
         p = profile(args.profile)
         if args.notebook == 9:
             plan = notebook9_plan(p)
-        else:  # with this CPU's hours where the committed throughput sweeps ran the profile's model
-            report = load_throughput()
-            plan = lpes_at_power_plan(p, cpu=report if has_rates(report, p.lpes_at_power.model, p.lpes_at_power.dtype) else None)
+        else:
+            plan, _ = lpes_at_power_plan_here(p)
         write_csv(project_root() / COSTS_DIR / f"{args.profile}_notebook{args.notebook}_plan.csv", plan)
         print(plan.to_string(index=False))
         print(plan.groupby(["model", plan.stage.str.split(":").str[0]], sort=False).gpu_hours.sum().round(2).to_string())
