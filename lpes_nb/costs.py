@@ -344,8 +344,9 @@ def lpes_at_power_plan_here(p: Profile) -> tuple[pd.DataFrame, str | None]:
     """:func:`lpes_at_power_plan` with CPU hours where the committed throughput report's sweeps ran the
     profile's model and dtype; and the name of that CPU (None: GPU hours only)."""
     report = load_throughput()
-    measured = has_rates(report, p.lpes_at_power.model, p.lpes_at_power.dtype)
-    return lpes_at_power_plan(p, cpu=report if measured else None), report["cpu"]["cpu"] if measured else None
+    if not has_rates(report, p.lpes_at_power.model, p.lpes_at_power.dtype):
+        return lpes_at_power_plan(p), None
+    return lpes_at_power_plan(p, cpu=report), report["cpu"]["cpu"]
 
 
 def main(argv: list[str] | None = None) -> None:

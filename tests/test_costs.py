@@ -254,3 +254,18 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
     assert "cpu_hours" not in lpes_at_power_plan(PROFILES["cpu"])
     with pytest.raises(ValueError, match=r"ran \[\('qwen2.5-coder-0.5b', 'bfloat16'\)\] on CPU A; no per-prompt rate for paper-dry-llama"):
         lpes_at_power_plan(PROFILES["smoke"], cpu=report)
+
+
+def test_notebook10_plan_here_prices_cpu_hours_only_where_the_committed_sweeps_ran_the_model(monkeypatch):
+    """A throughput report that measured the cpu profile's Qwen in bf16: its plan has CPU hours
+    and names that CPU; the smoke profile's tiny model was never measured: GPU hours only, no CPU."""
+    from lpes_nb import costs
+
+    sweep = {"what": "MDQA-20 sweep", "model": "qwen2.5-coder-0.5b", "dtype": "bfloat16", "prompts": 10}
+    report = {"cpu": {"cpu": "CPU A"}, "sweeps": [{**sweep, "mode": "score", "pieces": 512, "plain_s": 100.0, "shared_s": 50.0},
+                                                  {**sweep, "mode": "generate", "plain_s": 300.0, "shared_s": 200.0}]}
+    monkeypatch.setattr(costs, "load_throughput", lambda: report)
+    plan, cpu = costs.lpes_at_power_plan_here(PROFILES["cpu"])
+    assert cpu == "CPU A" and plan.set_index("stage").loc["validation", "cpu_hours"] == pytest.approx(1620 * 5 / 3600)
+    plan, cpu = costs.lpes_at_power_plan_here(PROFILES["smoke"])
+    assert cpu is None and "cpu_hours" not in plan
