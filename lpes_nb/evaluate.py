@@ -301,9 +301,10 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool,
     for k, (i, _) in enumerate(pairs):
         by_sample.setdefault(i, []).append(k)
     pair_groups = [ks for ks in ([k for i in group for k in by_sample.get(i, [])] for group in groups) if ks]
-    with method.context(model, max(len(p) for p in prompts), None):
-        per_call = 16  # groups per call: bounds the anchors' keys and values held at once
-        for start in tqdm(range(0, len(pair_groups), per_call), desc="scoring (shared prefixes)", disable=not progress, leave=False):
+    per_call = 16  # groups per call: bounds the anchors' keys and values held at once
+    with (method.context(model, max(len(p) for p in prompts), None),
+          tqdm(total=len(pair_groups), desc="scoring (shared prefixes)", unit="record", disable=not progress, leave=False) as bar):
+        for start in range(0, len(pair_groups), per_call):
             part = pair_groups[start:start + per_call]
             logits = prefix.prefill_many(model, [[prompts[pairs[k][0]] for k in ks] for ks in part],
                                          [[pairs[k][1] for k in ks] for ks in part], max_batch=batch_size, chunk=chunk)
@@ -313,6 +314,7 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool,
                     logp = torch.log_softmax(rows[:-1].float(), dim=-1)
                     correct[k] = bool((logp.argmax(-1) == target).all())
                     logprob[k] = float(logp.gather(1, target[:, None]).sum())
+            bar.update(len(part))
     return correct, logprob
 
 

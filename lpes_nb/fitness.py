@@ -196,13 +196,15 @@ class PositionFitness:
     answer's teacher-forced log-probability instead of accuracy: the cheaper fitness that
     :mod:`lpes_nb.fitness_proxy` checks against the real one before a search may use it.
     ``prefill_chunk``: continuations in pieces of this many tokens (:func:`lpes_nb.prefix._pieces`),
-    faster for long prompts; part of the fingerprint."""
+    faster for long prompts; part of the fingerprint. ``progress``: a bar inside each evaluation (its
+    records or batches), for callers that score few curves on many records (a validation call runs for
+    most of an hour on a CPU); a GA's thousands of evaluations stay quiet."""
 
     VALUES = ("correct", "gold_logprob")
 
     def __init__(self, model, tokenizer, samples: Sequence[Sample], settings: EvalSettings = EvalSettings(),
                  lambdas: Sequence[float] = LAMBDAS, cache: ResultCache | None = None, model_name: str = "",
-                 tie_break: float = 0.0, value: str = "correct", prefill_chunk: int | None = None):
+                 tie_break: float = 0.0, value: str = "correct", prefill_chunk: int | None = None, progress: bool = False):
         if len({s.position for s in samples}) != 3:
             raise ValueError("PositionFitness needs samples at exactly 3 gold positions (begin, middle, end)")
         if len(lambdas) != 3 or any(l < 0 for l in lambdas):
@@ -214,7 +216,7 @@ class PositionFitness:
                              f"{settings.mode!r}) and tie_break=0 (got {tie_break!r}; it orders equal accuracies by that log-prob)")
         self.model, self.tokenizer, self.samples = model, tokenizer, list(samples)
         self.settings, self.lambdas, self.cache, self.tie_break = settings, tuple(lambdas), cache, tie_break
-        self.value, self.prefill_chunk = value, prefill_chunk
+        self.value, self.prefill_chunk, self.progress = value, prefill_chunk, progress
         check_chunk(prefill_chunk)
         self._task_key = dict(**model_key(model_name, model), settings=asdict(settings),
                               samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
@@ -239,7 +241,7 @@ class PositionFitness:
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             return hit
         start = time.perf_counter()
-        df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=False,
+        df = evaluate_samples(self.model, self.tokenizer, self.samples, LayerScales(scales), settings, progress=self.progress,
                               prefill_chunk=self.prefill_chunk)
         # the evaluation's wall time travels with its rows: a resumed search's cost counts what it read back
         df = df.assign(eval_seconds=round(time.perf_counter() - start, 3))

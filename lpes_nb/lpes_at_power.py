@@ -176,7 +176,7 @@ def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan
     """Every finalist and the unmodified model scored by the search's fitness on the first ``records``
     validation records of the plan's dataset; the finalist with the highest score is ``chosen`` (the
     curve the test takes)."""
-    fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name)
+    fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name, progress)
     scales = np.array([json.loads(s) for s in finals["scales"]])
     scores = [float(fitness(row[None])[0]) for row in tqdm(scales, desc="validation", disable=not progress)]
     out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]),

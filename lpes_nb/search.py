@@ -52,11 +52,13 @@ class SearchRun:
     num_gpus: float = 0
 
 
-def search_fitness(model, tokenizer, task: TaskConfig, run: SearchRun, model_name: str = "") -> PositionFitness:
+def search_fitness(model, tokenizer, task: TaskConfig, run: SearchRun, model_name: str = "",
+                   progress: bool = False) -> PositionFitness:
     """The fitness a search of ``run`` on ``task`` scores with, its evaluations cached under ``run.out_dir``
-    (also how a finished search's evaluations are read back: their cost, their per-sample rows)."""
+    (also how a finished search's evaluations are read back: their cost, their per-sample rows);
+    ``progress``: a bar inside each evaluation (:class:`~lpes_nb.fitness.PositionFitness`)."""
     return PositionFitness(model, tokenizer, task.samples(), run.settings, run.lambdas, ResultCache(Path(run.out_dir) / "fitness_cache"),
-                           model_name, run.tie_break, run.value, run.prefill_chunk)
+                           model_name, run.tie_break, run.value, run.prefill_chunk, progress)
 
 
 def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_name: str = "", progress: bool = True) -> GAResult:

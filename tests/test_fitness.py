@@ -110,6 +110,18 @@ def test_the_logprob_fitness_weights_the_gold_answers_log_probability(tiny_llama
     with pytest.raises(ValueError, match="prefill_chunk must be None .* got 0"):
         PositionFitness(tiny_llama, tokenizer, samples, score, prefill_chunk=0)
 
+def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokenizer, capsys):
+    """A validation scores one curve for most of an hour on a CPU: its bar counts the records as they
+    are scored; a GA's fitness stays quiet."""
+    from lpes_nb.tasks import EvalSettings
+
+    samples, scales = _toy_samples(), np.array([[2.0, 1.5, 1.0, 3.0]])
+    PositionFitness(tiny_llama, tokenizer, samples, EvalSettings(mode="score"), value="gold_logprob")(scales)
+    assert "scoring" not in capsys.readouterr().err
+    PositionFitness(tiny_llama, tokenizer, samples, EvalSettings(mode="score"), value="gold_logprob", progress=True)(scales)
+    assert "scoring (shared prefixes)" in (err := capsys.readouterr().err) and "2/2 [" in err  # 2 records, 3 positions each
+
+
 def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
     """One candidate's per-sample table at 3 positions: ``accuracy`` correct, gold log-prob ``logprob``."""
     k = round(accuracy * records)
