@@ -238,16 +238,27 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
                   records: dict[str, int], profile: str = "cpu", batch_size: int = 8, items: int = 20,
-                  progress: bool = True) -> dict[str, pd.DataFrame]:
+                  progress: bool = True, block: int = 20) -> dict[str, pd.DataFrame]:
     """Each method's positional rows on the first ``records[label]`` records of the test part (the
-    baseline, unless named, on the most any method takes), computed where not stored."""
+    baseline, unless named, on the most any method takes), computed where not stored. Computed
+    ``block`` records at a time, every method on a block before the next block: the test runs over
+    several sittings, and a run stopped part-way leaves all methods on the same first records
+    (paired), not the first method on all of its records and the others on none."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a whole number of records >= 1, got {block!r}")
     sizes = dict(records)
     sizes.setdefault("baseline", max(sizes.values()))
     task = splits.FILES[DATASET][0]
-    return {name: positional_rows(record_cell(model, tokenizer, model_name, dtype, task, items,
-                                              splits.records(DATASET, "test", sizes[name]), batch_size, profile, progress,
-                                              method=method))
-            for name, method in methods.items()}
+    ids = splits.records(DATASET, "test", max(sizes.values()))
+
+    def cell(name: str, chosen: list[int], bar: bool) -> pd.DataFrame:
+        return record_cell(model, tokenizer, model_name, dtype, task, items, chosen, batch_size, profile, bar, method=methods[name])
+
+    steps = [(name, ids[start:min(start + block, sizes[name])]) for start in range(0, len(ids), block)
+             for name in methods if start < sizes[name]]
+    for name, chosen in tqdm(steps, desc="test blocks (method x records)", disable=not progress or len(steps) < 2):
+        cell(name, chosen, progress)
+    return {name: positional_rows(cell(name, ids[:sizes[name]], False)) for name in methods}
 
 
 def differences_on_test(cells: dict[str, pd.DataFrame], value: str = "correct") -> pd.DataFrame:

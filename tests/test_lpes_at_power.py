@@ -99,6 +99,30 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
         lpes_at_power.methods_for_test(chosen, ["LPES", "MoICE"])
 
 
+def test_the_test_computes_block_by_block_every_method_on_a_block_before_the_next(monkeypatch):
+    import pandas as pd
+
+    calls = []
+
+    def fake_cell(model, tokenizer, model_name, dtype, task, items, records, batch_size, profile, progress, method=None):
+        calls.append((method, list(records)))
+        return pd.DataFrame({"sample": list(records)})
+
+    monkeypatch.setattr(lpes_at_power, "record_cell", fake_cell)
+    monkeypatch.setattr(lpes_at_power, "positional_rows", lambda rows: rows)
+    methods = {"baseline": None, "LPES": "lpes", "PI": "pi", "Ms-PoE": "mspoe"}
+    cells = lpes_at_power.cells_on_test(None, None, "tiny-llama", "float32", methods, {"LPES": 5, "PI": 5, "Ms-PoE": 3},
+                                        progress=False, block=2)
+    ids = splits.records("mdqa20", "test", 5)
+    computed = calls[:-len(methods)]  # the last calls read each whole cell back
+    assert computed == [(None, ids[0:2]), ("lpes", ids[0:2]), ("pi", ids[0:2]), ("mspoe", ids[0:2]),
+                        (None, ids[2:4]), ("lpes", ids[2:4]), ("pi", ids[2:4]), ("mspoe", ids[2:3]),
+                        (None, ids[4:5]), ("lpes", ids[4:5]), ("pi", ids[4:5])]
+    assert {m: list(c["sample"]) for m, c in cells.items()} == {"baseline": ids, "LPES": ids, "PI": ids, "Ms-PoE": ids[:3]}
+    with pytest.raises(ValueError, match="block must be a whole number of records >= 1, got 0"):
+        lpes_at_power.cells_on_test(None, None, "tiny-llama", "float32", methods, {"LPES": 5}, progress=False, block=0)
+
+
 def test_validation_refuses_an_unfinished_search(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
