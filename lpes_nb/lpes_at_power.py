@@ -411,21 +411,28 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
 def _tested(model, tokenizer, profile: str, plan: Plan, sizes: dict[str, int], searched_on: str, progress: bool,
             pending: list[str], can_run: bool) -> dict:
     """The test of the curve chosen on ``searched_on`` (tables read back, or run when ``can_run`` and the
-    profile computes); refused when stored under other record counts than ``sizes``."""
+    profile computes). Tables of some of the methods (the test runs over several sittings: LPES and its
+    twin first) are read back with the rest named pending; refused when a stored method stands on
+    other record counts than ``sizes`` asks, or is not asked for."""
     s = named_profile(profile).lpes_at_power
     paths = _paths(replace(plan, dataset=searched_on), s.model, dtype_name(model.dtype))
+    transfer = "" if searched_on == DATASET else f" --searched-on {searched_on}"
+    command = f"python -m lpes_nb.lpes_at_power test --profile {profile} --methods {shlex.join(sizes)}{transfer}"
+    what = f"test{' of the curve searched on ' + searched_on if transfer else ''}"
     if paths["claims"].exists():
         found = {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
-        ours = found["table1"][found["table1"]["source"] == "ours"].set_index("method")["records"].to_dict()
-        if {_base(m): n for m, n in ours.items() if m != "baseline"} != sizes:
+        ours = found["table1"][found["table1"]["source"] == "ours"].set_index("method")["records"].astype(int).to_dict()
+        stored = {_base(m): n for m, n in ours.items() if m != "baseline"}
+        if any(sizes.get(m) != n for m, n in stored.items()):
             raise ValueError(f"{paths['table1']} holds {ours} records per method, the profile {profile!r} asks for {sizes}: "
                              "rerun its test step")
+        missing = [m for m in sizes if m not in stored]
+        if missing:
+            pending.append(f"{what} of {', '.join(missing)} (the tables hold {', '.join(stored)}): {command}")
         return found
     if not s.read_only and can_run:
         return run_test(model, tokenizer, s.model, plan, sizes, searched_on, s.router, progress)
-    transfer = "" if searched_on == DATASET else f" --searched-on {searched_on}"
-    pending.append(f"test{' of the curve searched on ' + searched_on if transfer else ''}: python -m lpes_nb.lpes_at_power test "
-                   f"--profile {profile} --methods {shlex.join(sizes)}{transfer}")
+    pending.append(f"{what}: {command}")
     return {}
 
 
@@ -446,8 +453,8 @@ def families(model, tokenizer, model_name: str, curves: dict[str, list[float]], 
 def study(profile: str, progress: bool = True) -> dict:
     """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
     convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
-    ``families`` (the other curve families' searches against Bézier on the validation records; their
-    chosen scales in ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on
+    ``families`` (on the validation records, paired: the Bézier curve and each other family validated so
+    far against the unmodified model, and the others against Bézier; their chosen scales in ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on
     MDQA-20: its claims, ``searched_on`` naming where); ``pending``: the steps not yet run, each with the command that runs it. A profile that
     computes runs (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads
     what the store holds and computes nothing. A stored table made under other settings than the
@@ -463,7 +470,7 @@ def study(profile: str, progress: bool = True) -> dict:
     for space in s.spaces[1:]:
         validations[space] = _searched_and_validated(model, tokenizer, profile, Plan.of(profile, space=space), progress, pending).get("validation")
     curves = {space: json.loads(v.loc[v["chosen"], "scales"].iloc[0]) for space, v in validations.items() if v is not None}
-    if len(curves) > 1 and "bezier" in curves:
+    if "bezier" in curves:  # against the unmodified model at once; the other families join as they are validated
         found |= {"family_curves": curves, "families": families(model, tokenizer, s.model, curves, plan, s.validation_records)}
     twins = {m: sizes[m] for m in ("LPES", "PI")}
     transfers = []

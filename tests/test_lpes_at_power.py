@@ -344,6 +344,54 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     assert f"**Setting**: {name}, float32" in text and "search part" in text
 
 
+def test_the_bezier_curve_meets_the_unmodified_model_on_validation_before_any_other_family_is_validated(monkeypatch):
+    import pandas as pd
+
+    _profile_for(monkeypatch, "smoke-bezier", read_only=True)
+    chosen = [1.2, 1.1]
+    validation = pd.DataFrame({"scales": [json.dumps(chosen)], "chosen": [True]})
+    monkeypatch.setattr(lpes_at_power, "_searched_and_validated",
+                        lambda model, tokenizer, profile, plan, progress, pending: {"validation": validation} if plan.space == "bezier" and plan.dataset == "mdqa20" else {})
+    monkeypatch.setattr(lpes_at_power, "_tested", lambda *a, **k: {})
+    asked = []
+    monkeypatch.setattr(lpes_at_power, "families", lambda model, tokenizer, name, curves, plan, records: asked.append(curves) or pd.DataFrame())
+    found = lpes_at_power.study("smoke-bezier", progress=False)
+    assert asked == [{"bezier": chosen}] and found["family_curves"] == {"bezier": chosen}
+
+
+def test_tables_of_some_methods_are_read_back_with_the_rest_pending_and_other_record_counts_refused(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    _profile_for(monkeypatch, "smoke-part", read_only=True)
+    model = load_model("paper-dry-llama")
+    plan = lpes_at_power.Plan.of("smoke-part")
+    paths = lpes_at_power._paths(plan, "paper-dry-llama", "float32")
+    paths["claims"].parent.mkdir(parents=True)
+    for name in ("test_differences", "claims"):
+        pd.DataFrame({"method": ["LPES"]}).to_csv(paths[name], index=False)
+
+    def stored(lpes: int):
+        pd.DataFrame({"source": ["ours"] * 3 + ["paper"], "method": ["baseline", "LPES", "PI", "LPES"],
+                      "records": [3, lpes, 3, np.nan]}).to_csv(paths["table1"], index=False)
+
+    stored(3)
+    pending = []
+    found = lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3, "PI": 3, "Ms-PoE": 2}, "mdqa20", False, pending, True)
+    assert list(found["claims"]["method"]) == ["LPES"]
+    assert pending == ["test of Ms-PoE (the tables hold LPES, PI): python -m lpes_nb.lpes_at_power test --profile smoke-part "
+                       "--methods LPES PI Ms-PoE"]
+    pending.clear()
+    lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3, "PI": 3}, "mdqa20", False, pending, True)
+    assert pending == []
+    stored(2)
+    with pytest.raises(ValueError, match=r"holds \{'baseline': 3, 'LPES': 2, 'PI': 3\} records per method, the profile 'smoke-part' asks"):
+        lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3, "PI": 3, "Ms-PoE": 2}, "mdqa20", False, pending, True)
+    stored(3)
+    with pytest.raises(ValueError, match="rerun its test step"):  # a stored method the profile no longer asks for
+        lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3}, "mdqa20", False, pending, True)
+
+
 def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_settings(tmp_path, monkeypatch):
     import pandas as pd
 
