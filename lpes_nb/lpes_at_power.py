@@ -454,8 +454,10 @@ def study(profile: str, progress: bool = True) -> dict:
     """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
     convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
     ``families`` (on the validation records, paired: the Bézier curve and each other family validated so
-    far against the unmodified model, and the others against Bézier; their chosen scales in ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on
-    MDQA-20: its claims, ``searched_on`` naming where); ``pending``: the steps not yet run, each with the command that runs it. A profile that
+    far against the unmodified model, and the others against Bézier; their chosen scales in
+    ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on MDQA-20: its
+    claims, ``searched_on`` naming where); ``pending``: the steps not yet run, each with the command
+    that runs it. A profile that
     computes runs (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads
     what the store holds and computes nothing. A stored table made under other settings than the
     profile's is refused."""
