@@ -110,16 +110,27 @@ def test_the_logprob_fitness_weights_the_gold_answers_log_probability(tiny_llama
     with pytest.raises(ValueError, match="prefill_chunk must be None .* got 0"):
         PositionFitness(tiny_llama, tokenizer, samples, score, prefill_chunk=0)
 
-def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokenizer, capsys):
+def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokenizer, monkeypatch):
     """A validation scores one curve for most of an hour on a CPU: its bar counts the records as they
-    are scored; a GA's fitness stays quiet."""
+    are scored; a GA's fitness stays quiet. (The bars are read as counted, not as drawn: tqdm draws at
+    most every 0.1 s, and this toy fitness finishes sooner.)"""
+    import lpes_nb.evaluate as evaluate_module
     from lpes_nb.tasks import EvalSettings
 
+    bars = []
+
+    class Counted(evaluate_module.tqdm):
+        def close(self):
+            bars.append((None,) * 3 + (True,) if self.disable else (self.desc, self.total, self.n, False))  # a disabled bar keeps no count
+            super().close()
+
+    monkeypatch.setattr(evaluate_module, "tqdm", Counted)
     samples, scales = _toy_samples(), np.array([[2.0, 1.5, 1.0, 3.0]])
     PositionFitness(tiny_llama, tokenizer, samples, EvalSettings(mode="score"), value="gold_logprob")(scales)
-    assert "scoring" not in capsys.readouterr().err
+    assert bars and all(disabled for *_, disabled in bars)
+    bars.clear()
     PositionFitness(tiny_llama, tokenizer, samples, EvalSettings(mode="score"), value="gold_logprob", progress=True)(scales)
-    assert "scoring (shared prefixes)" in (err := capsys.readouterr().err) and "2/2 [" in err  # 2 records, 3 positions each
+    assert [bar for bar in bars if not bar[-1]] == [("scoring (shared prefixes)", 2, 2, False)]  # 2 records, 3 positions each
 
 
 def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
