@@ -350,8 +350,11 @@ def test_the_bezier_curve_meets_the_unmodified_model_on_validation_before_any_ot
     _profile_for(monkeypatch, "smoke-bezier", read_only=True)
     chosen = [1.2, 1.1]
     validation = pd.DataFrame({"scales": [json.dumps(chosen)], "chosen": [True]})
-    monkeypatch.setattr(lpes_at_power, "_searched_and_validated",
-                        lambda model, tokenizer, profile, plan, progress, pending: {"validation": validation} if plan.space == "bezier" and plan.dataset == "mdqa20" else {})
+
+    def searched_and_validated(model, tokenizer, profile, plan, progress, pending):  # Bézier on MDQA-20 alone is validated
+        return {"validation": validation} if (plan.space, plan.dataset) == ("bezier", "mdqa20") else {}
+
+    monkeypatch.setattr(lpes_at_power, "_searched_and_validated", searched_and_validated)
     monkeypatch.setattr(lpes_at_power, "_tested", lambda *a, **k: {})
     asked = []
     monkeypatch.setattr(lpes_at_power, "families", lambda model, tokenizer, name, curves, plan, records: asked.append(curves) or pd.DataFrame())
