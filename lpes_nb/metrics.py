@@ -57,6 +57,17 @@ def mdqa_correct(prediction: str, answers: Iterable[str]) -> float:
     return best_subspan_em(first_line(_text(prediction, "prediction")), answers)
 
 
+def mdqa_correct_within(prediction: str, answers: Iterable[str], words: int) -> float:
+    """:func:`mdqa_correct` judged on the first ``words`` words of the (normalised) first line: a gold
+    answer found only further along a long line (a run of names) does not count. The original metric
+    rewards length; this one, beside it, shows how much of a difference between methods is the length
+    of their answers."""
+    if isinstance(words, bool) or not isinstance(words, int) or words < 1:
+        raise ValueError(f"words must be a whole number >= 1, got {words!r}")
+    kept = " ".join(normalize_answer(first_line(_text(prediction, "prediction"))).split()[:words])
+    return mdqa_correct(kept, answers)
+
+
 def kv_correct(prediction: str, value: str) -> float:
     return float(_gold(value, "the gold value").lower() in _text(prediction, "prediction").lower())
 

@@ -287,25 +287,36 @@ def search_convergence(table: pd.DataFrame, title: str):
     return fig
 
 
+def _score(value: str) -> tuple[str, int, str]:
+    """A paired difference's score as an axis names it, with its factor and unit: ``correct`` (accuracy),
+    ``correct_first<k>`` (accuracy on the answers' first k words) or ``gold_logprob``."""
+    if value == "gold_logprob":
+        return "gold log-prob", 1, "nats"
+    if value == "correct" or (value.startswith("correct_first") and value[len("correct_first"):].isdigit()):
+        words = value[len("correct_first"):]
+        return "accuracy" + (f", first {words} words" if words else ""), 100, "points"
+    raise ValueError(f"unknown score {value!r}: correct, correct_first<k> or gold_logprob")
+
+
 def paired_averages(diffs: pd.DataFrame, title: str):
     """Each comparison's paired difference averaged over the gold positions (rows of
     :func:`lpes_nb.position_gate.method_differences` at ``position == "average"``) with its
-    record-clustered 95 % interval, one panel per score (accuracy in points, the gold answer's
-    log-probability in nats); the grey bar around zero is each row's minimum detectable effect (80 % power)."""
+    record-clustered 95 % interval, one panel per score (accuracy and accuracy on the answers' first
+    words in points, the gold answer's log-probability in nats); the grey bar around zero is each row's minimum detectable effect (80 % power)."""
     averaged = diffs[diffs["position"] == "average"]
     values = list(dict.fromkeys(averaged["value"]))
     pairs = list(dict.fromkeys(averaged["method"] + " − " + averaged["reference"]))
     fig, axes = plt.subplots(1, len(values), figsize=(4.4 * len(values), 0.5 * len(pairs) + 1.5), sharey=True, squeeze=False)
     for ax, value in zip(axes[0], values):
         d = averaged[averaged["value"] == value]
-        factor, unit = (100, "points") if value == "correct" else (1, "nats")
+        score, factor, unit = _score(value)
         y = np.array([pairs.index(p) for p in d["method"] + " − " + d["reference"]])
         ax.barh(y, 2 * factor * d["mde"], left=-factor * d["mde"], height=0.5, color="0.88", zorder=0)
         ax.axvline(0, color="k", lw=0.8)
         x = factor * d["difference"]
         ax.errorbar(x, y, xerr=np.vstack([x - factor * d["ci_low"], factor * d["ci_high"] - x]), fmt="o", capsize=3, color=COLOURS[0])
         ax.set_yticks(range(len(pairs)), pairs)
-        ax.set_xlabel(f"paired Δ {'accuracy' if value == 'correct' else 'gold log-prob'} ({unit}), "
+        ax.set_xlabel(f"paired Δ {score} ({unit}), "
                       f"n = {int(d['n'].min())}–{int(d['n'].max())} records\ngrey: ±MDE at 80 % power")
     axes[0][0].invert_yaxis()  # the first comparison on top (the axes share y: invert once)
     fig.suptitle(title)

@@ -26,6 +26,7 @@ from lpes_nb.metrics import (
     bootstrap_ci,
     kv_correct,
     mdqa_correct,
+    mdqa_correct_within,
     normalize_answer,
     passkey_correct,
     perplexity,
@@ -170,6 +171,18 @@ def test_mdqa_answer_is_cut_at_the_first_newline_like_the_original():
     assert mdqa_correct("  Paris  \nLondon", ["Paris"]) == 1.0
     assert mdqa_correct("\nParis", ["Paris"]) == 0.0  # a leading newline leaves an empty answer
     assert normalize_answer("  The  Cat's   hat! ") == "cats hat"
+
+
+def test_the_length_check_judges_only_the_first_words_of_the_first_line():
+    names = "Marie Curie, Pierre Curie, Irène Joliot-Curie, Ève Curie, Henri Becquerel"
+    assert mdqa_correct(names, ["Henri Becquerel"]) == 1.0
+    assert mdqa_correct_within(names, ["Henri Becquerel"], 9) == 0.0  # the 9th and 10th normalised words ("joliotcurie" is one)
+    assert mdqa_correct_within(names, ["Henri Becquerel"], 10) == 1.0
+    assert mdqa_correct_within("The Eiffel Tower.\nParis", ["Paris"], 10) == 0.0  # still the first line only
+    assert mdqa_correct_within("the Eiffel Tower", ["Eiffel Tower"], 2) == 1.0  # articles go before counting
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"words must be a whole number >= 1, got {bad!r}"):
+            mdqa_correct_within("Paris", ["Paris"], bad)
 
 
 def test_kv_passkey_perplexity():

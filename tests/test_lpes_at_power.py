@@ -184,6 +184,41 @@ def test_table1_layout_and_verdicts_per_claim():
     assert lpes_at_power.claims(table, diffs)["verdict"].iloc[0].startswith("not reproduced at MDE ")
 
 
+def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_record():
+    import pandas as pd
+
+    from lpes_nb.data import load_mdqa
+
+    ids = splits.records("mdqa20", "test", 2)
+    gold = [load_mdqa()[r]["answers"][0] for r in ids]
+    filler = "Paris, London, Berlin, Madrid, Rome, Vienna, Prague, Warsaw, Lisbon, Dublin, "
+    cell = pd.DataFrame({"sample": [ids[0], ids[0], ids[1]],
+                         "prediction": [f" {gold[0]}\n", filler + gold[0], f" {gold[0]}"]})
+    judged = lpes_at_power.with_short_answers({"LPES": cell})["LPES"]
+    # the gold after ten words counts for the original metric only; record 2's answer is judged against its own gold
+    assert list(judged[lpes_at_power.SHORT]) == [1.0, 0.0, float(gold[0] in load_mdqa()[ids[1]]["answers"])]
+    assert list(lpes_at_power.with_short_answers({"LPES": cell}, words=40)["LPES"]["correct_first40"])[:2] == [1.0, 1.0]
+
+
+def test_the_paired_figure_draws_one_panel_per_score_with_its_unit():
+    import pandas as pd
+
+    from lpes_nb import plots
+    from lpes_nb.position_gate import method_differences
+
+    rng = np.random.default_rng(0)
+    rows = [{"sample": r, "position": p, "correct": float(rng.random() < 0.3), lpes_at_power.SHORT: float(rng.random() < 0.2),
+             "gold_logprob": -rng.random()} for r in range(12) for p in range(5)]
+    cells = {"baseline": pd.DataFrame(rows), "LPES": pd.DataFrame(rows).sample(frac=1, random_state=1).assign(correct=lambda f: 1 - f.correct)}
+    diffs = pd.concat([method_differences(cells, [("LPES", "baseline")], v) for v in ("correct", lpes_at_power.SHORT, "gold_logprob")])
+    fig = plots.paired_averages(diffs, "t")
+    labels = [ax.get_xlabel().split("\n")[0] for ax in fig.axes]
+    assert labels == ["paired Δ accuracy (points), n = 12–12 records", f"paired Δ accuracy, first {lpes_at_power.SHORT_WORDS} words "
+                      "(points), n = 12–12 records", "paired Δ gold log-prob (nats), n = 12–12 records"]
+    with pytest.raises(ValueError, match="unknown score 'correct_firstten': correct, correct_first<k> or gold_logprob"):
+        plots.paired_averages(diffs.assign(value="correct_firstten"), "t")
+
+
 def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(tmp_path, monkeypatch):
     import pandas as pd
 
@@ -405,6 +440,7 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     assert found["pending"] == [] and set(found["convergence"]["seed"]) == {0, 1}
     assert found["validation"]["chosen"].sum() == 1 and (found["validation"]["validation_records"] == 2).all()
     assert set(found["claims"]["method"]) == {"LPES", "PI"} and (found["claims"]["n"] == 2).all()
+    assert list(dict.fromkeys(found["test_differences"]["value"])) == ["correct", lpes_at_power.SHORT, "gold_logprob"]
     # the linear family against the unmodified model and Bézier on the validation records; the KV-75 curve on MDQA-20's test
     families = found["families"][found["families"]["position"] == "average"]
     assert list(zip(families.method, families.reference)) == [("bezier", "unmodified"), ("linear", "unmodified"), ("linear", "bezier")]
@@ -418,6 +454,7 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     text = lpes_at_power.conclusion(found, "smoke-all")
     assert all(f"**{r.method} − {r.reference}**" in text and r.verdict in text for r in found["claims"].itertuples())
     assert all(f"**Curve family {r.method} − {r.reference}**" in text for r in families.itertuples())
+    assert all(f"*Length check, {m} − {ref}*" in text for m, ref in [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")])
     assert all(f"**Transfer, {r.method} − {r.reference}**" in text and r.verdict in text for r in transfer.itertuples())
     # read back: the same tables, nothing evaluated
     monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
