@@ -50,10 +50,10 @@ from .benchmarks import METHODS
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
 from .methods import Method
+from .metrics import mdqa_correct_within
 from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from .moice import MoICE, RouterTraining, load_or_train
 from .position_gate import method_differences
-from .metrics import mdqa_correct_within
 from .position_map import RELATIVE_POSITIONS, at_positions, load_records, positional_rows, record_cell
 from .profiles import PROFILES, SPACES, Training, profile as named_profile
 from .results import output_dir, read_scales, save_scales, write_csv

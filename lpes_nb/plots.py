@@ -302,7 +302,8 @@ def paired_averages(diffs: pd.DataFrame, title: str):
     """Each comparison's paired difference averaged over the gold positions (rows of
     :func:`lpes_nb.position_gate.method_differences` at ``position == "average"``) with its
     record-clustered 95 % interval, one panel per score (accuracy and accuracy on the answers' first
-    words in points, the gold answer's log-probability in nats); the grey bar around zero is each row's minimum detectable effect (80 % power)."""
+    words in points, the gold answer's log-probability in nats); the grey bar around zero is each row's
+    minimum detectable effect (80 % power)."""
     averaged = diffs[diffs["position"] == "average"]
     values = list(dict.fromkeys(averaged["value"]))
     pairs = list(dict.fromkeys(averaged["method"] + " − " + averaged["reference"]))
