@@ -189,14 +189,14 @@ def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_
 
     from lpes_nb.data import load_mdqa
 
-    ids = splits.records("mdqa20", "test", 2)
-    gold = [load_mdqa()[r]["answers"][0] for r in ids]
+    ids, records = splits.records("mdqa20", "test", 2), load_mdqa()
+    gold = [records[r]["answers"][0] for r in ids]
     filler = "Paris, London, Berlin, Madrid, Rome, Vienna, Prague, Warsaw, Lisbon, Dublin, "
     cell = pd.DataFrame({"sample": [ids[0], ids[0], ids[1]],
                          "prediction": [f" {gold[0]}\n", filler + gold[0], f" {gold[0]}"]})
     judged = lpes_at_power.with_short_answers({"LPES": cell})["LPES"]
     # the gold after ten words counts for the original metric only; record 2's answer is judged against its own gold
-    assert list(judged[lpes_at_power.SHORT]) == [1.0, 0.0, float(gold[0] in load_mdqa()[ids[1]]["answers"])]
+    assert list(judged[lpes_at_power.SHORT]) == [1.0, 0.0, float(gold[0] in records[ids[1]]["answers"])]
     assert list(lpes_at_power.with_short_answers({"LPES": cell}, words=40)["LPES"]["correct_first40"])[:2] == [1.0, 1.0]
 
 
