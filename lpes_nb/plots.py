@@ -317,8 +317,9 @@ def paired_averages(diffs: pd.DataFrame, title: str):
         x = factor * d["difference"]
         ax.errorbar(x, y, xerr=np.vstack([x - factor * d["ci_low"], factor * d["ci_high"] - x]), fmt="o", capsize=3, color=COLOURS[0])
         ax.set_yticks(range(len(pairs)), pairs)
-        ax.set_xlabel(f"paired Δ {score} ({unit}), "
-                      f"n = {int(d['n'].min())}–{int(d['n'].max())} records\ngrey: ±MDE at 80 % power")
+        low, high = int(d["n"].min()), int(d["n"].max())
+        # on its own line: beside the score, three panels' labels ran into each other
+        ax.set_xlabel(f"paired Δ {score} ({unit})\nn = {low if low == high else f'{low}–{high}'} records; grey: ±MDE at 80 % power")
     axes[0][0].invert_yaxis()  # the first comparison on top (the axes share y: invert once)
     fig.suptitle(title)
     return fig

@@ -212,9 +212,13 @@ def test_the_paired_figure_draws_one_panel_per_score_with_its_unit():
     cells = {"baseline": pd.DataFrame(rows), "LPES": pd.DataFrame(rows).sample(frac=1, random_state=1).assign(correct=lambda f: 1 - f.correct)}
     diffs = pd.concat([method_differences(cells, [("LPES", "baseline")], v) for v in ("correct", lpes_at_power.SHORT, "gold_logprob")])
     fig = plots.paired_averages(diffs, "t")
-    labels = [ax.get_xlabel().split("\n")[0] for ax in fig.axes]
-    assert labels == ["paired Δ accuracy (points), n = 12–12 records", f"paired Δ accuracy, first {lpes_at_power.SHORT_WORDS} words "
-                      "(points), n = 12–12 records", "paired Δ gold log-prob (nats), n = 12–12 records"]
+    labels = [ax.get_xlabel().split("\n") for ax in fig.axes]
+    assert [first for first, _ in labels] == ["paired Δ accuracy (points)", f"paired Δ accuracy, first {lpes_at_power.SHORT_WORDS} words "
+                                              "(points)", "paired Δ gold log-prob (nats)"]
+    assert {second for _, second in labels} == {"n = 12 records; grey: ±MDE at 80 % power"}
+    # rows on different records name the range
+    uneven = plots.paired_averages(pd.concat([diffs, diffs.assign(method="PI", n=7)]), "t")
+    assert uneven.axes[0].get_xlabel().endswith("n = 7–12 records; grey: ±MDE at 80 % power")
     with pytest.raises(ValueError, match="unknown score 'correct_firstten': correct, correct_first<k> or gold_logprob"):
         plots.paired_averages(diffs.assign(value="correct_firstten"), "t")
 
