@@ -269,8 +269,9 @@ class PositionFitness:
         return df
 
     def __call__(self, scales_batch: np.ndarray) -> np.ndarray:
-        out = []
-        for scales in tqdm(np.atleast_2d(scales_batch), desc="fitness", leave=False):
+        out, batch = [], np.atleast_2d(scales_batch)
+        # a bar over one candidate counts nothing, and a notebook keeps it as an output
+        for scales in tqdm(batch, desc="fitness", leave=False, disable=len(batch) < 2):
             df = self.table(scales)
             fit = weighted_fitness(df, self.lambdas, self.value)
             if self.tie_break and "gold_logprob" in df:

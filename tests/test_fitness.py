@@ -133,6 +133,27 @@ def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokeni
     assert [bar for bar in bars if bar] == [("scoring (shared prefixes)", 2, 2)]  # 2 records, 3 positions each
 
 
+def test_the_fitness_bar_counts_candidates_only_when_there_are_several(tiny_llama, tokenizer, monkeypatch):
+    """The GA scores a population under one bar; one curve scored alone (the unmodified model's line in
+    a notebook) draws none: its bar would count nothing and stay in the notebook's outputs."""
+    from lpes_nb.tasks import EvalSettings
+
+    bars = []
+
+    class Counted(fitness_module.tqdm):
+        def close(self):
+            bars.append(None if self.disable else (self.desc, self.total, self.n))
+            super().close()
+
+    monkeypatch.setattr(fitness_module, "tqdm", Counted)
+    fit = PositionFitness(tiny_llama, tokenizer, _toy_samples(), EvalSettings(mode="score"), value="gold_logprob")
+    fit(np.ones((1, 4)))
+    assert bars and not any(bars)
+    bars.clear()
+    fit(np.array([[1.0] * 4, [2.0, 1.5, 1.0, 3.0]]))
+    assert [bar for bar in bars if bar] == [("fitness", 2, 2)]  # a closed bar closes again, disabled, when collected
+
+
 def _candidate_table(accuracy: float, logprob: float, records: int = 20) -> pd.DataFrame:
     """One candidate's per-sample table at 3 positions: ``accuracy`` correct, gold log-prob ``logprob``."""
     k = round(accuracy * records)
