@@ -111,10 +111,25 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     position and only ``max(len(target)) + 1`` logits are computed per row (:func:`plain_batches`:
     at most ``batch_size`` rows and a token budget). Each batch runs in
     ``method``'s context and through its ``forward`` (default: the unmodified model); ``segments``
-    (one list per prompt) are handed to methods that need document membership."""
+    (one list per prompt) are handed to methods that need document membership. A method whose state
+    comes from the prompt (``Method.state_from_prompt``) is scored one prompt at a time, the target fed
+    after it (:func:`fed_after_prompt`)."""
     method = method or Baseline()
     correct = np.zeros(len(prompts), dtype=bool)
     logprob = np.zeros(len(prompts))
+
+    def judge(i: int, pred: torch.Tensor) -> None:  # pred: [len(target), V] log-probabilities
+        tgt = torch.tensor(targets[i], device=pred.device)
+        correct[i] = bool((pred.argmax(-1) == tgt).all())
+        logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
+
+    if method.state_from_prompt:
+        if type(method).forward is not Method.forward:  # the steps below run the model's own forward
+            raise NotImplementedError(f"{method.name} keeps state from the prompt and has a forward of its own: no scorer takes both")
+        for i in tqdm(range(len(prompts)), desc="scoring (after each prompt)", disable=not progress, leave=False):
+            with method.context(model, len(prompts[i]) + len(targets[i]), None if segments is None else [segments[i]]):
+                judge(i, fed_after_prompt(model, prompts[i], targets[i]))
+        return correct, logprob
     batches = plain_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_size, "score")
     for batch in tqdm(batches, desc="scoring", disable=not progress, leave=False):
         ids, mask, positions, keep = forced_inputs([prompts[i] for i in batch], [targets[i] for i in batch], pad_id,
@@ -123,11 +138,19 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
             logits = method.forward(model, ids, mask, positions, keep)
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
-            tgt = torch.tensor(targets[i], device=logp.device)
-            pred = target_rows(logp[row], len(tgt), keep)
-            correct[i] = bool((pred.argmax(-1) == tgt).all())
-            logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
+            judge(i, target_rows(logp[row], len(targets[i]), keep))
     return correct, logprob
+
+
+def fed_after_prompt(model, prompt: list[int], target: list[int]) -> torch.Tensor:
+    """Log-probabilities [len(target), V] of each target position: the prompt in one pass, then the
+    target one token at a time through the cache, as greedy decoding feeds its own tokens."""
+    out = model(input_ids=torch.tensor([prompt], device=model.device), use_cache=True, logits_to_keep=1)
+    rows = [out.logits[0, -1]]
+    for token in target[:-1]:
+        out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=out.past_key_values, use_cache=True)
+        rows.append(out.logits[0, -1])
+    return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
 
 def forced_inputs(prompts: list[list[int]], targets: list[list[int]], pad_id: int, device=None):

@@ -42,6 +42,10 @@ class Method:
       common prefix (:mod:`lpes_nb.prefix`): True only where every token's rotation depends on its own
       position alone, not on the prompt's length, later tokens or document membership, and the
       method runs the model's own forward. Every method states it (a test checks the registry).
+    * ``state_from_prompt``: part of its state is computed once, from the prompt's last query, and
+      kept while decoding (Ms-PoE's head scales). A teacher-forced target is then fed after the prompt
+      token by token, as decoding sees it: in one pass with the target, the last query would be the
+      target's last token.
     * ``specs(model, length, segments)``: per-layer RoPE specs for a batch (``None``: unpatched).
     * ``context(model, length, segments)``: what is entered around each batch; by default a
       :class:`~lpes_nb.rope.RopePatch` with :meth:`specs`.
@@ -53,6 +57,7 @@ class Method:
 
     name = "method"
     needs_segments = False
+    state_from_prompt = False
     shares_prefix: bool  # no default: each method says (see above)
 
     def specs(self, model, length: int, segments: list[list[int]] | None) -> list[RopeSpec | None] | None:
@@ -97,9 +102,13 @@ class FixedSpecs(Method):
     name = "specs"
 
     @property
-    def shares_prefix(self) -> bool:  # head scales computed from the prefill depend on the whole prompt
+    def state_from_prompt(self) -> bool:  # head scales computed from the prefill's last query
         specs = self.fixed.values() if isinstance(self.fixed, dict) else self.fixed
-        return not any(s is not None and callable(s.heads) for s in specs)
+        return any(s is not None and callable(s.heads) for s in specs)
+
+    @property
+    def shares_prefix(self) -> bool:  # those head scales depend on the whole prompt
+        return not self.state_from_prompt
 
     def specs(self, model, length, segments):
         return self.fixed
@@ -373,6 +382,7 @@ class MsPoE(Method):
     first_layer: int = 2
     name = "Ms-PoE"
     shares_prefix = False  # head scales from the last query of the whole prompt
+    state_from_prompt = True
 
     def __post_init__(self):
         positive_real(self.min_scale, "Ms-PoE min scale")

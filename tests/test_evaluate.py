@@ -144,3 +144,44 @@ def test_chat_mode_scores_what_greedy_decoding_says_after_the_assistant_header(s
     targets = [target_ids(tokenizer, s.answers[0], chat=True) for s in samples]
     decoded = [_greedy_ids(smollm2, p, len(t)) == t for p, t in zip(prompts, targets)]
     assert decoded == [bool(c) for c in scored["correct"]]
+
+
+
+def test_a_method_whose_state_comes_from_the_prompt_scores_what_its_decoding_sees(tiny_llama, tokenizer):
+    """Ms-PoE chooses its head scales from the prompt's last query and keeps them while decoding. The
+    teacher-forced score of a greedy continuation must be what decoding saw: every token the argmax,
+    the log-probabilities those of ``generate``'s own scores. (Scored in one pass over prompt and
+    target, the scales came from the target's last token: on Qwen, MDQA-20 test record 0 with the gold
+    last, -34.0 nats against -15.1 fed after the prompt.) On random weights Ms-PoE's outlier ranking
+    barely moves with the query, so a head scaler that follows the query closely makes the check bite."""
+    from lpes_nb.methods import FixedSpecs, MsPoE
+    from lpes_nb.rope import RopeSpec
+
+    def follows_the_query(q_last, keys, valid):  # [B, H_kv] scales in (1, 4), a smooth function of the query
+        return 1.0 + 3.0 * torch.sigmoid(300 * q_last.float().reshape(q_last.shape[0], keys.shape[1], -1).mean(-1))
+
+    sensitive = FixedSpecs([None] + [RopeSpec(heads=follows_the_query)] * 3)
+    prompts = [tokenizer(t).input_ids for t in ["Hello there, how are you doing on this", "A much longer prompt with several words in it"]]
+    for method in (MsPoE(min_scale=1.2, max_scale=4.0, first_layer=1), sensitive):
+        assert method.state_from_prompt and not method.shares_prefix
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with method.context(tiny_llama, ids.shape[1], None):
+                out = tiny_llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                                          do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+            target = out.sequences[0, ids.shape[1]:].tolist()
+            decoded = sum(float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, target))
+            correct, logprob = score_targets(tiny_llama, [prompt], [target], method=method)
+            assert correct.tolist() == [True]
+            assert logprob[0] == pytest.approx(decoded, abs=1e-4)
+
+
+def test_a_method_with_prompt_state_and_a_forward_of_its_own_is_refused(tiny_llama):
+    from lpes_nb.methods import MsPoE
+
+    class TwoPass(MsPoE):
+        def forward(self, model, ids, mask, positions, keep):
+            return super().forward(model, ids, mask, positions, keep)
+
+    with pytest.raises(NotImplementedError, match="Ms-PoE keeps state from the prompt and has a forward of its own"):
+        score_targets(tiny_llama, [[5, 6, 7]], [[8]], method=TwoPass())

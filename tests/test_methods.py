@@ -65,7 +65,10 @@ def test_degenerate_settings_equal_the_baseline_and_restore_the_model(tiny_llama
                   Caliope("moses", gap=0), Caliope("hourglass", delta_min=0, delta_max=0), Caliope("decay", delta_0=0),
                   MsPoE(1.0, 1.0), *(LASP(kind, max_scale=1.0, base_factor=1.0) for kind in ("scale", "base", "both"))]
     for method in degenerate:
-        assert np.array_equal(_logprobs(tiny_llama, tokenizer, method), base), method.name
+        if method.state_from_prompt:  # scored through the cache after the prompt: equal up to float32 rounding
+            np.testing.assert_allclose(_logprobs(tiny_llama, tokenizer, method), base, rtol=0, atol=1e-5, err_msg=method.name)
+        else:
+            assert np.array_equal(_logprobs(tiny_llama, tokenizer, method), base), method.name
     with torch.no_grad():
         assert torch.equal(tiny_llama(ids).logits, before)
 
