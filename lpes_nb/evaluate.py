@@ -113,7 +113,7 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     ``method``'s context and through its ``forward`` (default: the unmodified model); ``segments``
     (one list per prompt) are handed to methods that need document membership. A method whose state
     comes from the prompt (``Method.state_from_prompt``) is scored one prompt at a time, the target fed
-    after it (:func:`fed_after_prompt`)."""
+    after the prompt's cache (:func:`prefix.continuation_logprob`), as decoding sees it."""
     method = method or Baseline()
     correct = np.zeros(len(prompts), dtype=bool)
     logprob = np.zeros(len(prompts))
@@ -128,7 +128,8 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
             raise NotImplementedError(f"{method.name} keeps state from the prompt and has a forward of its own: no scorer takes both")
         for i in tqdm(range(len(prompts)), desc="scoring (after each prompt)", disable=not progress, leave=False):
             with method.context(model, len(prompts[i]) + len(targets[i]), None if segments is None else [segments[i]]):
-                judge(i, fed_after_prompt(model, prompts[i], targets[i]))
+                (last,), (kv,) = prefix.prefill(model, [prompts[i]])
+                correct[i], logprob[i] = prefix.continuation_logprob(model, kv, len(prompts[i]), last, targets[i])
         return correct, logprob
     batches = plain_batches([len(p) + len(t) for p, t in zip(prompts, targets)], batch_size, "score")
     for batch in tqdm(batches, desc="scoring", disable=not progress, leave=False):
@@ -140,17 +141,6 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
         for row, i in enumerate(batch):
             judge(i, target_rows(logp[row], len(targets[i]), keep))
     return correct, logprob
-
-
-def fed_after_prompt(model, prompt: list[int], target: list[int]) -> torch.Tensor:
-    """Log-probabilities [len(target), V] of each target position: the prompt in one pass, then the
-    target one token at a time through the cache, as greedy decoding feeds its own tokens."""
-    out = model(input_ids=torch.tensor([prompt], device=model.device), use_cache=True, logits_to_keep=1)
-    rows = [out.logits[0, -1]]
-    for token in target[:-1]:
-        out = model(input_ids=torch.tensor([[token]], device=model.device), past_key_values=out.past_key_values, use_cache=True)
-        rows.append(out.logits[0, -1])
-    return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
 
 def forced_inputs(prompts: list[list[int]], targets: list[list[int]], pad_id: int, device=None):

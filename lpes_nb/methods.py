@@ -43,8 +43,8 @@ class Method:
       position alone, not on the prompt's length, later tokens or document membership, and the
       method runs the model's own forward. Every method states it (a test checks the registry).
     * ``state_from_prompt``: part of its state is computed once, from the prompt's last query, and
-      kept while decoding (Ms-PoE's head scales). A teacher-forced target is then fed after the prompt
-      token by token, as decoding sees it: in one pass with the target, the last query would be the
+      kept while decoding (Ms-PoE's head scales). A teacher-forced target is then fed after the
+      prompt's cache, as decoding sees it: in one pass with the target, the last query would be the
       target's last token.
     * ``specs(model, length, segments)``: per-layer RoPE specs for a batch (``None``: unpatched).
     * ``context(model, length, segments)``: what is entered around each batch; by default a

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .interventions import Interventions
@@ -43,7 +44,8 @@ from .interventions import Interventions
 PositionRemap = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 # Head-wise scales computed from the input at prefill: called with the un-rotated query of the last
 # token [B, H_q, D], the un-rotated keys [B, H_kv, T, D] and a key mask [B, T] (True = real token),
-# it returns one scale per key/value head [B, H_kv]; decoding steps reuse the prefill's scales.
+# it returns one scale per key/value head [B, H_kv]. Every forward that continues the prefill's cache
+# (a decoding step, a teacher-forced target) reuses the prefill's scales: they belong to the prompt.
 HeadScaler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -370,6 +372,7 @@ class RopePatch:
         self._attention_mask: torch.Tensor | None = None  # the decoder's 2-D mask, for head scalers
         self._positions: dict[int, torch.Tensor] = {}  # per head-wise layer: phi(p) of this forward
         self._head_scales: dict[int, torch.Tensor] = {}  # per head-wise layer: [B, H_kv], kept for decoding
+        self._continues_cache = False  # this forward appends to a filled cache
 
     @property
     def active(self) -> bool:
@@ -426,6 +429,8 @@ class RopePatch:
         self._cache.clear()
         mask = kwargs.get("attention_mask")
         self._attention_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        cache = kwargs.get("past_key_values")
+        self._continues_cache = isinstance(cache, Cache) and cache.get_seq_length() > 0
 
     def _segments_for(self, position_ids: torch.Tensor) -> torch.Tensor | None:
         if self._segment_ids is None:
@@ -473,8 +478,12 @@ class RopePatch:
     def rotate_heads(self, layer: int, spec: RopeSpec, rotate, q: torch.Tensor, k: torch.Tensor):
         """Rotate q [B, H_q, T, D] and k [B, H_kv, T, D] of a head-wise layer, each key/value head
         (and its query heads) with its own table, through the model's own ``rotate(q, k, cos, sin)``."""
-        if callable(spec.heads) and not (q.shape[2] == 1 and layer in self._head_scales):
-            mask = self._attention_mask  # a decoding step keeps the prefill's head scales
+        if callable(spec.heads) and self._continues_cache:
+            if layer not in self._head_scales:  # scales from this continuation's last query would be silently wrong
+                raise RuntimeError(f"layer {layer}: a forward continues a cache this patch did not prefill; its head "
+                                   "scales come from the prompt's last query, so prefill the prompt inside the patch")
+        elif callable(spec.heads):
+            mask = self._attention_mask
             valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) if mask is None else mask[:, -k.shape[2]:].bool()
             self._head_scales[layer] = spec.heads(q[:, :, -1], k, valid).float()
         b, heads_q, t, d = q.shape

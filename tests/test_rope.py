@@ -237,6 +237,36 @@ def test_head_scaler_runs_on_the_prefill_and_its_scales_are_kept_for_decoding(ti
         calls.clear()
         tiny_llama.generate(prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
     assert len(calls) == 1
+
+
+def test_a_continuation_of_any_length_keeps_the_prompts_head_scales(tiny_llama):
+    """A teacher-forced target fed after the prompt's cache in one forward must see the scales the
+    prompt chose, as token-by-token decoding does; a cache filled outside the patch is refused (the
+    scales would come from the continuation's last query)."""
+    calls = []
+
+    def scaler(q_last, keys, valid):  # follows the query closely, so recomputed scales would show
+        calls.append(tuple(q_last.shape))
+        return 1.0 + 3.0 * torch.sigmoid(300 * q_last.float().reshape(q_last.shape[0], keys.shape[1], -1).mean(-1))
+
+    prompt, target = _ids(batch=1, length=30), _ids(batch=1, length=5, seed=1)
+    with torch.no_grad(), RopePatch(tiny_llama, {1: RopeSpec(heads=scaler), 2: RopeSpec(heads=scaler)}):
+        filled = tiny_llama(prompt, use_cache=True).past_key_values
+        whole = tiny_llama(target, past_key_values=copy.deepcopy(filled), use_cache=True).logits
+        steps = []
+        for t in range(target.shape[1]):
+            out = tiny_llama(target[:, t:t + 1], past_key_values=filled, use_cache=True)
+            filled, steps = out.past_key_values, steps + [out.logits]
+    assert calls == [(1, 4, 16)] * 2  # the prompt's forward, once per head-wise layer
+    assert (whole - torch.cat(steps, dim=1)).abs().max().item() <= 1e-4
+    with torch.no_grad():
+        foreign = tiny_llama(prompt, use_cache=True).past_key_values
+        with RopePatch(tiny_llama, {2: RopeSpec(heads=scaler)}), \
+                pytest.raises(RuntimeError, match="layer 2: a forward continues a cache this patch did not prefill"):
+            tiny_llama(target, past_key_values=foreign, use_cache=True)
+
+
+def test_head_scales_must_match_the_key_value_heads(tiny_llama):
     with pytest.raises(ValueError, match="got 3 head scales, the model has 2 key/value heads"):
         RopePatch(tiny_llama, {0: RopeSpec(heads=(1.0, 1.0, 1.0))}).apply()
     with pytest.raises(ValueError, match="head scale must be a finite number > 0, got 0"):
