@@ -118,11 +118,6 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
     correct = np.zeros(len(prompts), dtype=bool)
     logprob = np.zeros(len(prompts))
 
-    def judge(i: int, pred: torch.Tensor) -> None:  # pred: [len(target), V] log-probabilities
-        tgt = torch.tensor(targets[i], device=pred.device)
-        correct[i] = bool((pred.argmax(-1) == tgt).all())
-        logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
-
     if method.state_from_prompt:
         if type(method).forward is not Method.forward:  # the steps below run the model's own forward
             raise NotImplementedError(f"{method.name} keeps state from the prompt and has a forward of its own: no scorer takes both")
@@ -139,7 +134,10 @@ def score_targets(model, prompts: list[list[int]], targets: list[list[int]], bat
             logits = method.forward(model, ids, mask, positions, keep)
         logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
-            judge(i, target_rows(logp[row], len(targets[i]), keep))
+            tgt = torch.tensor(targets[i], device=logp.device)
+            pred = target_rows(logp[row], len(tgt), keep)
+            correct[i] = bool((pred.argmax(-1) == tgt).all())
+            logprob[i] = float(pred.gather(1, tgt[:, None]).sum())
     return correct, logprob
 
 
