@@ -316,17 +316,21 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
     paper's difference (points, from ``table``'s paper rows), ours with its interval, n and MDE (points),
     and the verdict: ``reproduced`` (ours significant after Holm, in the paper's direction),
     ``opposite`` (significant, the other way), ``not reproduced at MDE x`` (not significant; the
-    smallest effect these records could have seen), or ``no paper figure`` (with ours: higher, lower or no
-    difference at MDE x, as :func:`lpes_nb.position_gate.method_differences` reads it). Where the paper's
-    difference rounds to zero (its claim is "no difference"), ours not significant ``reproduced: no
-    difference at MDE x``, significant ``not reproduced: ours differs``."""
+    smallest effect these records could have seen), or ``no paper figure`` (with ours: higher, lower, no
+    difference at MDE x points, or undetermined). Where the paper's difference rounds to zero (its claim
+    is "no difference"), ours not significant ``reproduced: no difference at MDE x``, significant
+    ``not reproduced: ours differs``."""
     paper = table[table["source"] != "ours"].set_index("method")["average"]
     rows = []
     for r in differences[(differences["position"] == "average") & (differences["value"] == "correct")].itertuples():
         claimed = paper[r.method] - paper[r.reference] if {r.method, r.reference} <= set(paper.index) else np.nan
         significant = r.p_holm < alpha
-        if np.isnan(claimed):
-            verdict = f"no paper figure; ours: {r.verdict}"
+        if np.isnan(claimed):  # ours alone, in the table's unit (points), not the fraction method_differences words it in
+            if not np.isfinite(r.mde):
+                ours = "undetermined: no record differs"
+            else:
+                ours = r.verdict if significant else f"no difference at MDE {100 * r.mde:.1f} points"  # r.verdict: higher / lower
+            verdict = f"no paper figure; ours: {ours}"
         elif round(claimed, 1) == 0 and np.isfinite(r.mde):
             verdict = "not reproduced: ours differs" if significant else f"reproduced: no difference at MDE {100 * r.mde:.1f} points"
         elif significant and np.sign(r.difference) == np.sign(claimed):

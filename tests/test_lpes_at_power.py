@@ -182,6 +182,15 @@ def test_table1_layout_and_verdicts_per_claim():
     noisy = {**cells, "Ms-PoE": base.assign(correct=np.where(rng.random(len(base)) < 0.1, 1 - base["correct"], base["correct"]))}
     diffs = method_differences(noisy, [("Ms-PoE", "baseline")], position="relative_position")
     assert lpes_at_power.claims(table, diffs)["verdict"].iloc[0].startswith("not reproduced at MDE ")
+    # a method the paper's Qwen rows lack (CALIOPE): ours alone, its MDE in the table's points like every other row
+    nopaper = {**noisy, "CALIOPE-Moses": noisy["Ms-PoE"], "CALIOPE-Decay": worse}
+    diffs = method_differences(nopaper, [("CALIOPE-Moses", "baseline"), ("CALIOPE-Decay", "baseline")], position="relative_position")
+    rows = lpes_at_power.claims(table, diffs).set_index("method")
+    assert rows["paper_points"].isna().all()
+    moses = rows.loc["CALIOPE-Moses"]
+    assert moses["verdict"] == f"no paper figure; ours: no difference at MDE {moses['mde_points']:.1f} points"
+    assert moses["mde_points"] > 1  # points, not a fraction
+    assert rows.loc["CALIOPE-Decay", "verdict"] == "no paper figure; ours: lower"
 
 
 def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_record():
