@@ -530,11 +530,11 @@ def conclusion(found: dict, profile: str) -> str:
                      f"{int(c['seed'])}, rank {int(c['rank'])}) scores {c['validation']:.3f} against the unmodified model's "
                      f"{c['validation_unmodified']:.3f}; mean scale {np.mean(json.loads(c['scales'])):.3f} (its PI twin's).")
     for r in found.get("claims", pd.DataFrame()).itertuples():
-        paper = "no paper figure" if np.isnan(r.paper_points) else f"the paper {r.paper_points:+.1f}"
+        paper = "" if np.isnan(r.paper_points) else f" (the paper {r.paper_points:+.1f})"  # else the verdict says so
         mde = f"MDE {r.mde_points:.1f}" if np.isfinite(r.mde_points) else "no MDE (no record differs)"
         lines.append(f"- **{r.method} − {r.reference}** (accuracy averaged over the 5 gold positions): {r.points:+.1f} points "
-                     f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g} "
-                     f"({paper}): **{r.verdict}**.")
+                     f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g}"
+                     f"{paper}: **{r.verdict}**.")
     if "test_differences" in found:
         d = found["test_differences"]
         for r in d[(d["position"] == "average") & (d["value"] == SHORT)].itertuples():
