@@ -47,9 +47,10 @@ from tqdm.auto import tqdm
 
 from . import splits
 from .benchmarks import METHODS
+from .evaluate import encode
 from .fitness import PositionFitness
 from .ga import GAConfig, GeneticSearch
-from .methods import Method
+from .methods import DynamicNTK, Method
 from .metrics import mdqa_correct_within
 from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from .moice import MoICE, RouterTraining, load_or_train
@@ -243,6 +244,25 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
             None if name == "baseline" else moice if name == "MoICE" else METHODS[name](chosen, None) for name in names}
 
 
+def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Method | None], records: dict[str, int],
+                     items: int | None = None) -> None:
+    """Refuse a method that leaves every one of its test prompts as the unmodified model reads it:
+    Dynamic NTK where the longest prompt is inside the window it grows from (transformers' dynamic RoPE
+    keeps the trained base there; MDQA-20's ~3k tokens are inside every window here). Its rows would be
+    the baseline's answers, recomputed for hours and tabled as a method's."""
+    for label, method in methods.items():
+        if not isinstance(method, DynamicNTK):
+            continue
+        samples = TaskConfig.from_split(DATASET, "test", records[label], num_items=items).samples()
+        longest = max(len(encode(tokenizer, sample)) for sample in samples)
+        if method.specs(model, longest, None) is None:
+            window = method.original_max_positions or model.config.max_position_embeddings
+            raise ValueError(f"{label} changes nothing on its {records[label]} test records: the longest prompt has {longest} "
+                             f"tokens, inside the {window}-token window it grows from on {model_name}, where it keeps the "
+                             f"trained RoPE base; its rows would be the baseline's. Drop it from the test, or set "
+                             f"original_max_positions below {longest} to emulate a shorter window")
+
+
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
                   records: dict[str, int], profile: str = "cpu", batch_size: int = 8, items: int = 20,
                   progress: bool = True, block: int = 20) -> dict[str, pd.DataFrame]:
@@ -383,6 +403,7 @@ def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int
              if "MoICE" in sizes else None)
     methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice)
     labelled = {label: sizes[_base(label)] for label in methods if label != "baseline"}
+    refuse_unchanged(model, tokenizer, model_name, methods, labelled, plan.items)
     cells = with_short_answers(cells_on_test(model, tokenizer, model_name, dtype, methods, labelled, plan.profile, plan.batch_size,
                                              plan.items or splits.FILES[DATASET][1], progress))
     differences = pd.concat([differences_on_test(cells, value) for value in ("correct", SHORT, "gold_logprob")], ignore_index=True)

@@ -481,3 +481,18 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     _profile_for(monkeypatch, "smoke-all", **settings | dict(validation_records=3))
     with pytest.raises(ValueError, match="holds seeds \\[0, 1\\] on 2 validation records, the profile 'smoke-all' asks for \\[0, 1\\] on 3"):
         lpes_at_power.study("smoke-all", progress=False)
+
+
+def test_the_test_refuses_dynamic_ntk_where_every_prompt_is_inside_its_window():
+    """Inside the trained window Dynamic NTK keeps the base: hours of the baseline's answers, tabled as a
+    method's. Refused, naming the longest prompt and the window; where a prompt passes the window it runs."""
+    from lpes_nb.methods import DynamicNTK
+
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    window = model.config.max_position_embeddings
+    inside = lpes_at_power.methods_for_test([1.0] * model.config.num_hidden_layers, ["baseline", "LPES", "Dynamic NTK"])
+    with pytest.raises(ValueError, match=rf"Dynamic NTK changes nothing on its 2 test records: the longest prompt has \d+ tokens, "
+                                         rf"inside the {window}-token window it grows from on tiny-llama"):
+        lpes_at_power.refuse_unchanged(model, tokenizer, "tiny-llama", inside, {"LPES": 2, "Dynamic NTK": 2}, items=5)
+    shorter = {**inside, "Dynamic NTK": DynamicNTK(original_max_positions=64)}  # 5-document prompts pass 64 tokens
+    lpes_at_power.refuse_unchanged(model, tokenizer, "tiny-llama", shorter, {"LPES": 2, "Dynamic NTK": 2}, items=5)
