@@ -253,7 +253,7 @@ def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Metho
     for label, method in methods.items():
         if not isinstance(method, DynamicNTK):
             continue
-        samples = TaskConfig.from_split(DATASET, "test", records[label], num_items=items).samples()
+        samples = at_positions(TaskConfig.from_split(DATASET, "test", records[label], num_items=items)).samples()  # as the test's
         longest = max(len(encode(tokenizer, sample)) for sample in samples)
         if method.specs(model, longest, None) is None:
             window = method.original_max_positions or model.config.max_position_embeddings
