@@ -30,7 +30,7 @@ from .methods import (
 )
 from .metrics import perplexity
 from .models import load_model, load_tokenizer
-from .moice import MoICE
+from .moice import MoICE, router_digest
 from .results import cached_table
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
 from .tasks import EvalSettings, TaskConfig
@@ -67,8 +67,7 @@ def method_key(method: Method) -> str:
         return repr(method)
     if method.recipe is not None:  # a stored router: its results do not need its weights
         return f"MoICE(bases={method.bases}, router={method.recipe})"
-    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in method.router.parameters())).hexdigest()[:16]
-    return f"MoICE(bases={method.bases}, router={digest})"
+    return f"MoICE(bases={method.bases}, router={router_digest(method.router)})"
 
 
 def runnable(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method]) -> dict[str, Method]:

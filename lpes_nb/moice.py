@@ -13,6 +13,7 @@ and mixes the results of transformers' SDPA attention.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -89,8 +90,9 @@ class MoICE(Method):
     reference set scaled by the model's own base / 10000.
 
     A router from :func:`load_or_train` is known by its training ``recipe`` (which keys its results)
-    and may come without weights (git keeps only the JSON): ``train`` rebuilds them the first time
-    the method runs, i.e. only when a result is not in the store."""
+    and may come without weights (git keeps the JSON; the weights only where results are made over
+    several sittings): ``train`` rebuilds them the first time the method runs, i.e. only when a
+    result is not in the store, and refuses weights other than those the stored results were made with."""
 
     router: Router | None = None
     bases: Sequence[float] | None = None
@@ -175,14 +177,21 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
     return method
 
 
+def router_digest(router: Router) -> str:
+    """The router's weights in 16 hex digits: two routers answer alike only where these agree."""
+    return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in router.parameters())).hexdigest()[:16]
+
+
 def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Path:
     """Weights (``.safetensors``) and a JSON beside them with the bases, the budget, the loss
-    history and ``meta``; the JSON is written last, so it exists only beside complete weights."""
+    history, the weights' digest and ``meta``; the JSON is written last, so it exists only beside
+    complete weights."""
     path = Path(path)
     weights = path.with_suffix(".safetensors")
     atomic_write(weights, safetensors.torch.save({k: v.contiguous() for k, v in method.router.state_dict().items()}))
     write_json(path.with_suffix(".json"), dict(bases=method.bases, steps=budget.steps, batch_size=budget.batch_size,
-                                               lr=budget.lr, hidden=budget.hidden, seed=budget.seed, loss=budget.history, **meta))
+                                               lr=budget.lr, hidden=budget.hidden, seed=budget.seed, loss=budget.history,
+                                               router_digest=router_digest(method.router), **meta))
     return weights
 
 
@@ -191,27 +200,34 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
     """MoICE with the router trained with this budget and ``meta`` (model, task), known by that recipe.
 
     If ``path``'s JSON records this recipe, its loss history is read back and the weights are loaded
-    when present; without them (they are not committed) they are retrained only when the method first
-    runs. Otherwise the router is trained now and saved (weights + JSON with budget, loss history and
-    wall time)."""
+    when present; without them they are retrained only when the method first runs, and refused if
+    they differ from the weights the JSON's digest names (a retraining on other hardware or library
+    versions need not give the same bits, and the results stored under the recipe came from those).
+    Otherwise the router is trained now and saved (weights + JSON with budget, loss history, digest
+    and wall time)."""
     meta = meta or {}
     path = Path(path)
     weights, info_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
     wanted = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, hidden=budget.hidden, seed=budget.seed, **meta)
 
-    def train() -> Router:
+    def train(made: str | None = None) -> Router:
         will_compute("MoICE router training", weights)
         start = time.perf_counter()
         budget.history.clear()
         with footprint.study("MoICE router training", steps=budget.steps):
             trained = train_router(model, tokenizer, samples, budget, progress)
+        if made is not None and router_digest(trained.router) != made:
+            raise RuntimeError(f"MoICE router {path}: retrained from its recipe, its weights are {router_digest(trained.router)}, "
+                               f"but the results stored under this recipe were made by weights {made}; restore "
+                               f"{weights.name}, or move this recipe's stored results aside to remake them all with the new router")
         save_router(trained, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
         return trained.router
 
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     if info and all(info.get(k) == v for k, v in wanted.items()):
         budget.history[:] = info["loss"]
-        method = load_router(model, path) if weights.exists() else MoICE(bases=info["bases"], train=train)
+        method = (load_router(model, path) if weights.exists()
+                  else MoICE(bases=info["bases"], train=lambda: train(info.get("router_digest"))))
     else:
         method = MoICE(router=train())
     method.recipe = cache_key(**wanted)
@@ -223,5 +239,8 @@ def load_router(model, path: Path) -> MoICE:
     method = MoICE(bases=info["bases"])
     router = method.new_router(model, info["hidden"], info["seed"])
     router.load_state_dict(safetensors.torch.load_file(Path(path).with_suffix(".safetensors")))
+    if info.get("router_digest", router_digest(router)) != router_digest(router):
+        raise ValueError(f"MoICE router {Path(path).with_suffix('.safetensors')}: its weights are {router_digest(router)}, "
+                         f"its JSON names {info['router_digest']} (the weights its results were made with)")
     method.router = router
     return method

@@ -15,7 +15,7 @@ import pytest
 
 from lpes_nb import plots, results
 from lpes_nb.ga import BezierSpace, GAConfig
-from lpes_nb.moice import RouterTraining, load_or_train
+from lpes_nb.moice import RouterTraining, load_or_train, router_digest
 from lpes_nb.results import CACHED_ONLY, CacheMiss, cached_table
 from lpes_nb.search import SearchRun, run_search
 from lpes_nb.tasks import TaskConfig
@@ -137,6 +137,25 @@ def test_stored_router_results_need_no_weights_until_one_is_computed(tiny_llama,
     with again.context(tiny_llama, 8, None):
         pass
     assert again.router is not None and (tmp_path / "r.safetensors").is_file() and method_key(again) == method_key(first)
+
+
+def test_a_router_other_than_the_one_its_results_were_made_with_is_refused(tiny_llama, tokenizer, tmp_path):
+    """A retraining on other hardware need not give the same bits: results stored under a recipe would
+    then mix two routers. The JSON names the weights' digest; other weights are refused, loaded or retrained."""
+    samples = TASK.samples()
+    first = load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    info_path = tmp_path / "r.json"
+    info = json.loads(info_path.read_text())
+    assert info["router_digest"] == router_digest(first.router)
+    info_path.write_text(json.dumps(info | {"router_digest": "0123456789abcdef"}))  # as if trained on another machine
+    with pytest.raises(ValueError, match=f"its weights are {info['router_digest']}, its JSON names 0123456789abcdef"):
+        load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    (tmp_path / "r.safetensors").unlink()
+    again = load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
+    with pytest.raises(RuntimeError, match=f"its weights are {info['router_digest']}, but the results stored under this recipe "
+                                           "were made by weights 0123456789abcdef"):
+        again.context(tiny_llama, 8, None)
+    assert json.loads(info_path.read_text())["router_digest"] == "0123456789abcdef" and not (tmp_path / "r.safetensors").exists()
 
 
 def test_cache_key_is_canonical_and_refuses_numpy_reprs():
