@@ -216,8 +216,8 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
         budget.history.clear()
         with footprint.study("MoICE router training", steps=budget.steps):
             trained = train_router(model, tokenizer, samples, budget, progress)
-        if made is not None and router_digest(trained.router) != made:
-            raise RuntimeError(f"MoICE router {path}: retrained from its recipe, its weights are {router_digest(trained.router)}, "
+        if made is not None and (digest := router_digest(trained.router)) != made:
+            raise RuntimeError(f"MoICE router {path}: retrained from its recipe, its weights are {digest}, "
                                f"but the results stored under this recipe were made by weights {made}; restore "
                                f"{weights.name}, or move this recipe's stored results aside to remake them all with the new router")
         save_router(trained, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
@@ -239,8 +239,9 @@ def load_router(model, path: Path) -> MoICE:
     method = MoICE(bases=info["bases"])
     router = method.new_router(model, info["hidden"], info["seed"])
     router.load_state_dict(safetensors.torch.load_file(Path(path).with_suffix(".safetensors")))
-    if info.get("router_digest", router_digest(router)) != router_digest(router):
-        raise ValueError(f"MoICE router {Path(path).with_suffix('.safetensors')}: its weights are {router_digest(router)}, "
+    digest = router_digest(router)
+    if info.get("router_digest", digest) != digest:
+        raise ValueError(f"MoICE router {Path(path).with_suffix('.safetensors')}: its weights are {digest}, "
                          f"its JSON names {info['router_digest']} (the weights its results were made with)")
     method.router = router
     return method
