@@ -103,18 +103,20 @@ def _describe(code: int) -> str:
     return "ok" if code == 0 else f"exit code {code}"
 
 
-def _cache_key(cpuinfo: str | None, isa: str | None, command) -> str:
+def cpu_key(cpuinfo: str | None, isa: str | None, what) -> str:
+    """A short key for a fact about this CPU: its model and flags, the torch version, the oneDNN ISA
+    setting and ``what`` was asked (a probe's command, a benchmark's shape)."""
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
-    text = json.dumps([cpu_model(cpuinfo), sorted(cpu_flags(cpuinfo)), torch_version, isa, list(command)])
+    text = json.dumps([cpu_model(cpuinfo), sorted(cpu_flags(cpuinfo)), torch_version, isa, list(what)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _cached_probe(command, env: dict[str, str], cache: Path | None, cpuinfo: str | None) -> int:
-    """The probe's return code under ``env``, read from / written to the JSON cache at ``cache``."""
-    key = _cache_key(cpuinfo, env.get(ISA_VARIABLE), command)
+def cached(cache: Path | None, key: str, compute):
+    """``compute()``'s JSON-able answer, read from / written to the JSON file ``cache`` under ``key``
+    (None: always computed). Written whole through a temporary file: a reader never sees half of it."""
     seen = {}
     if cache is not None and cache.exists():
         try:
@@ -122,17 +124,22 @@ def _cached_probe(command, env: dict[str, str], cache: Path | None, cpuinfo: str
         except (OSError, ValueError):
             seen = {}
     if key in seen:
-        return int(seen[key])
-    code = _probe(command, env)
+        return seen[key]
+    value = compute()
     if cache is not None:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**seen, key: code}, indent=1))
+            tmp.write_text(json.dumps({**seen, key: value}, indent=1))
             tmp.replace(cache)
-        except OSError:  # a read-only home: probe again next time, decide the same way
+        except OSError:  # a read-only home: compute again next time, decide the same way
             pass
-    return code
+    return value
+
+
+def _cached_probe(command, env: dict[str, str], cache: Path | None, cpuinfo: str | None) -> int:
+    """The probe's return code under ``env``, read from / written to the JSON cache at ``cache``."""
+    return int(cached(cache, cpu_key(cpuinfo, env.get(ISA_VARIABLE), command), lambda: _probe(command, env)))
 
 
 def decide_bf16(environ: dict[str, str] | None = None, command=PROBE, cache: Path | None = None,

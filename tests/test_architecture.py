@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lpes_nb"
 # bottom to top; a module imports only from its own layer or the ones below
 LAYERS = {
     "store": ("machine", "footprint", "results", "timing", "carry", "splits"),
-    "core": ("cost_model", "data", "metrics", "bezier", "interventions", "rope", "models", "methods", "prefix", "tasks", "evaluate",
+    "core": ("cost_model", "data", "metrics", "bezier", "interventions", "rope", "bf16_gemm", "models", "methods", "prefix", "tasks", "evaluate",
              "training", "moice", "position_gate"),
     "search": ("fitness", "ga", "distributed", "search"),
     "profiles": ("profiles",),
