@@ -423,7 +423,10 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
     paths = _paths(plan, s.model, dtype_name(model.dtype))
     where = "".join(f" --{flag} {value}" for flag, value, default in (("dataset", plan.dataset, DATASET), ("space", plan.space, "bezier"))
                     if value != default)
-    command = f"python -m lpes_nb.lpes_at_power {{}} --profile {profile}{where} --seeds {' '.join(map(str, s.seeds))}"
+
+    def command(step: str, seeds) -> str:
+        return f"python -m lpes_nb.lpes_at_power {step} --profile {profile}{where} --seeds {' '.join(map(str, seeds))}"
+
     found, tables = {}, []
     for seed in s.seeds:
         try:
@@ -437,7 +440,7 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
     last = found["convergence"].groupby("seed")["generation"].max() if tables else pd.Series(dtype=int)
     unfinished = [seed for seed in s.seeds if last.get(seed, -1) < s.ga.generations]
     if unfinished:
-        pending.append(f"the {plan.label} search of seed(s) {unfinished} has not finished: {command.format('search')}")
+        pending.append(f"the {plan.label} search of seed(s) {unfinished} has not finished: {command('search', unfinished)}")
     if paths["validation"].exists():
         found["validation"] = pd.read_csv(paths["validation"])
         stored = (sorted(int(k) for k in found["validation"]["seed"].unique()), int(found["validation"]["validation_records"].iloc[0]))
@@ -447,7 +450,7 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
     elif not s.read_only and not unfinished:
         found["validation"] = run_validation(model, tokenizer, s.model, plan, s.seeds, s.finalists, s.validation_records, progress)
     else:
-        pending.append(f"validation of the {plan.label} search: {command.format('validate')}")
+        pending.append(f"validation of the {plan.label} search: {command('validate', s.seeds)}")
     return found
 
 

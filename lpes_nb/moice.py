@@ -151,6 +151,11 @@ class RouterTraining:
     micro_batch: int | None = None  # backward over this many prompts at a time: memory only, not in the recipe
     history: list[float] = field(default_factory=list)
 
+    @property
+    def recipe(self) -> dict:
+        """What determines the trained weights (the micro-batch and the history do not)."""
+        return dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr, hidden=self.hidden, seed=self.seed)
+
     @classmethod
     def of(cls, training) -> RouterTraining:
         """The budget of a profile's :class:`lpes_nb.profiles.Training` (its recipe and micro-batch)."""
@@ -189,8 +194,7 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
     path = Path(path)
     weights = path.with_suffix(".safetensors")
     atomic_write(weights, safetensors.torch.save({k: v.contiguous() for k, v in method.router.state_dict().items()}))
-    write_json(path.with_suffix(".json"), dict(bases=method.bases, steps=budget.steps, batch_size=budget.batch_size,
-                                               lr=budget.lr, hidden=budget.hidden, seed=budget.seed, loss=budget.history,
+    write_json(path.with_suffix(".json"), dict(bases=method.bases, **budget.recipe, loss=budget.history,
                                                router_digest=router_digest(method.router), **meta))
     return weights
 
@@ -208,7 +212,7 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
     meta = meta or {}
     path = Path(path)
     weights, info_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
-    wanted = dict(steps=budget.steps, batch_size=budget.batch_size, lr=budget.lr, hidden=budget.hidden, seed=budget.seed, **meta)
+    wanted = budget.recipe | meta
 
     def train(made: str | None = None) -> Router:
         will_compute("MoICE router training", weights)
@@ -235,13 +239,14 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
 
 
 def load_router(model, path: Path) -> MoICE:
-    info = json.loads(Path(path).with_suffix(".json").read_text())
+    weights = Path(path).with_suffix(".safetensors")
+    info = json.loads(weights.with_suffix(".json").read_text())
     method = MoICE(bases=info["bases"])
     router = method.new_router(model, info["hidden"], info["seed"])
-    router.load_state_dict(safetensors.torch.load_file(Path(path).with_suffix(".safetensors")))
+    router.load_state_dict(safetensors.torch.load_file(weights))
     digest = router_digest(router)
     if info.get("router_digest", digest) != digest:
-        raise ValueError(f"MoICE router {Path(path).with_suffix('.safetensors')}: its weights are {digest}, "
+        raise ValueError(f"MoICE router {weights}: its weights are {digest}, "
                          f"its JSON names {info['router_digest']} (the weights its results were made with)")
     method.router = router
     return method

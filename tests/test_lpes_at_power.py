@@ -377,7 +377,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     assert not {"validation", "claims", "families", "transfer"} & found.keys()
     command = "python -m lpes_nb.lpes_at_power {} --profile smoke-read"
     assert found["pending"] == [
-        f"the mdqa20 search of seed(s) [1] has not finished: {command.format('search')} --seeds 0 1",
+        f"the mdqa20 search of seed(s) [1] has not finished: {command.format('search')} --seeds 1",
         f"validation of the mdqa20 search: {command.format('validate')} --seeds 0 1",
         f"test: {command.format('test')} --methods LPES PI Ms-PoE MoICE",
         f"the mdqa20_linear search of seed(s) [0, 1] has not finished: {command.format('search')} --space linear --seeds 0 1",
