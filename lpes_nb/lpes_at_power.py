@@ -497,8 +497,9 @@ def families(model, tokenizer, model_name: str, curves: dict[str, list[float]], 
 
 
 def study(profile: str, progress: bool = True) -> dict:
-    """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): each seed's
-    convergence, the validation table, and the test's ``table1`` / ``test_differences`` / ``claims``;
+    """Notebook 10's tables under ``profile`` (:class:`lpes_nb.profiles.LpesAtPower`): the convergence of
+    each seed of each curve family searched so far (``space``: Bézier first), the Bézier validation
+    table, and the test's ``table1`` / ``test_differences`` / ``claims``;
     ``families`` (on the validation records, paired: the Bézier curve and each other family validated so
     far against the unmodified model, and the others against Bézier; their chosen scales in
     ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on MDQA-20: its
@@ -511,12 +512,17 @@ def study(profile: str, progress: bool = True) -> dict:
     model, tokenizer = load_model(s.model, dtype=s.dtype), load_tokenizer(s.model)
     plan = Plan.of(profile)
     pending: list[str] = []
-    found: dict = {"pending": pending} | _searched_and_validated(model, tokenizer, profile, plan, progress, pending)
+    bezier = _searched_and_validated(model, tokenizer, profile, plan, progress, pending)
+    found: dict = {"pending": pending} | {k: v for k, v in bezier.items() if k != "convergence"}
     sizes = dict(s.test_records)
     found |= _tested(model, tokenizer, profile, plan, sizes, DATASET, progress, pending, "validation" in found)
-    validations = {"bezier": found.get("validation")}
-    for space in s.spaces[1:]:
-        validations[space] = _searched_and_validated(model, tokenizer, profile, Plan.of(profile, space=space), progress, pending).get("validation")
+    per_space = {"bezier": bezier} | {
+        space: _searched_and_validated(model, tokenizer, profile, Plan.of(profile, space=space), progress, pending)
+        for space in s.spaces[1:]}
+    searched_spaces = {space: f["convergence"] for space, f in per_space.items() if "convergence" in f}
+    if searched_spaces:
+        found["convergence"] = pd.concat(searched_spaces, names=["space"]).reset_index(level="space").reset_index(drop=True)
+    validations = {space: f.get("validation") for space, f in per_space.items()}
     curves = {space: json.loads(v.loc[v["chosen"], "scales"].iloc[0]) for space, v in validations.items() if v is not None}
     if "bezier" in curves:  # against the unmodified model at once; the other families join as they are validated
         found |= {"family_curves": curves, "families": families(model, tokenizer, s.model, curves, plan, s.validation_records)}
@@ -542,9 +548,10 @@ def conclusion(found: dict, profile: str) -> str:
              "part, the test on its test part (n per claim below)."]
     if "convergence" in found:
         conv = found["convergence"]
-        for r in conv.sort_values("generation").groupby("seed").tail(1).itertuples():
-            lines.append(f"- **Search, seed {r.seed}**: generation {r.generation} of {s.ga.generations}, {r.evaluated} evaluations, "
-                         f"{r.hours:.2f} wall-hours; best fitness {r.best:.3f}, the unmodified model's {r.unmodified:.3f} on the "
+        for r in conv.loc[conv.groupby(["space", "seed"], sort=False)["generation"].idxmax()].itertuples():
+            lines.append(f"- **Search ({r.space}), seed {r.seed}**: generation {r.generation} of {s.ga.generations}, {r.evaluated} "
+                         f"evaluations, {r.hours:.2f} wall-hours on the CPUs its sittings ran on; best fitness {r.best:.3f}, "
+                         f"the unmodified model's {r.unmodified:.3f} on the "
                          f"same {s.search_records} search records ({r.best - r.unmodified:+.3f}; the GA's objective on a fixed "
                          "set: no interval, the verdicts are the test's).")
     if "validation" in found:

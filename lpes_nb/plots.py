@@ -33,6 +33,8 @@ STYLE = {
     "figure.constrained_layout.use": True,  # colorbars and panel labels never overlap
 }
 COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]  # colour-blind safe
+# the curve families (lpes_nb.profiles.SPACES) as a figure names them
+SPACE_NAMES = {"bezier": "cubic Bézier", "linear": "piecewise linear", "free": "free per layer"}
 
 
 def use_style() -> None:
@@ -270,20 +272,27 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
 
 
 def search_convergence(table: pd.DataFrame, title: str):
-    """Searches' best fitness (solid) and mean of their best 4 (dashed) against the wall hours their
-    evaluations took, one colour per seed (rows of :func:`lpes_nb.lpes_at_power.convergence`); the
-    unmodified model's fitness on the same records is the dotted line a curve must clear."""
-    fig, ax = plt.subplots(figsize=(6.0, 3.4))
-    for k, (seed, rows) in enumerate(table.groupby("seed", sort=True)):
-        colour = COLOURS[k % len(COLOURS)]
-        ax.plot(rows["hours"], rows["best"], marker="o", color=colour, label=f"seed {seed}: best")
-        ax.plot(rows["hours"], rows["mean_best_4"], ls="--", marker=".", color=colour, label=f"seed {seed}: mean of best 4")
-    ax.axhline(table["unmodified"].iloc[0], color="k", ls=":", lw=1.2, label="unmodified model")
-    ax.set_xlabel("wall hours of the evaluations so far (2 CPU cores)")
-    ax.set_ylabel("fitness (Eq. 8-weighted gold log-prob)")
-    ax.ticklabel_format(axis="y", useOffset=False)
-    ax.legend(loc="lower right")
-    ax.set_title(title)
+    """Searches' best fitness (solid) and mean of their best 4 (dashed) against the evaluations they
+    scored, one panel per curve family (``space``), one colour per seed (rows of
+    :func:`lpes_nb.lpes_at_power.study`'s ``convergence``); the unmodified model's fitness on the same
+    records is the dotted line a curve must clear. Evaluations, not wall hours: the GA's budget is the
+    same for every family and seed, while an evaluation's hours depend on the CPU its sitting ran on."""
+    spaces = list(dict.fromkeys(table["space"]))
+    seeds = sorted(table["seed"].unique())
+    fig, axes = plt.subplots(1, len(spaces), figsize=(1.2 + 3.4 * len(spaces), 3.6), sharex=True, sharey=True, squeeze=False)
+    for ax, space in zip(axes[0], spaces):
+        family = table[table["space"] == space]
+        for seed, rows in family.groupby("seed", sort=True):
+            colour = COLOURS[seeds.index(seed) % len(COLOURS)]
+            ax.plot(rows["evaluated"], rows["best"], marker="o", color=colour, label=f"seed {seed}: best")
+            ax.plot(rows["evaluated"], rows["mean_best_4"], ls="--", marker=".", color=colour, label=f"seed {seed}: mean of best 4")
+        ax.axhline(family["unmodified"].iloc[0], color="k", ls=":", lw=1.2, label="unmodified model")
+        ax.set_title(SPACE_NAMES.get(space, space))
+        ax.set_xlabel("evaluations scored")
+    axes[0, 0].set_ylabel("fitness (Eq. 8-weighted gold log-prob)")
+    axes[0, 0].ticklabel_format(axis="y", useOffset=False)
+    axes[0, -1].legend(loc="lower right")
+    fig.suptitle(title)
     return fig
 
 

@@ -232,6 +232,23 @@ def test_the_paired_figure_draws_one_panel_per_score_with_its_unit():
         plots.paired_averages(diffs.assign(value="correct_firstten"), "t")
 
 
+def test_the_convergence_figure_draws_each_family_against_its_evaluations_not_its_hours():
+    import pandas as pd
+
+    from lpes_nb import plots
+
+    def seed(space, seed, hours):  # the same budget, run on CPUs of different speeds
+        return pd.DataFrame({"space": space, "seed": seed, "generation": [0, 1], "best": [-10.0, -9.0], "mean_best_4": [-11.0, -9.5],
+                             "evaluated": [16, 28], "hours": hours, "unmodified": -8.7})
+
+    table = pd.concat([seed("bezier", 0, [1.8, 3.1]), seed("bezier", 1, [0.3, 0.6]), seed("linear", 0, [1.6, 2.9])])
+    fig = plots.search_convergence(table, "t")
+    assert [ax.get_title() for ax in fig.axes] == ["cubic Bézier", "piecewise linear"]
+    bezier, linear = fig.axes
+    assert [list(line.get_xdata()) for line in bezier.lines[:4]] == [[16, 28]] * 4 and len(linear.lines) == 3
+    assert bezier.lines[0].get_color() == linear.lines[0].get_color() != bezier.lines[2].get_color()  # a seed keeps its colour
+
+
 def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(tmp_path, monkeypatch):
     import pandas as pd
 
@@ -373,7 +390,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     stored = lpes_at_power.search_seed(model, tokenizer, name, 0, plan, progress=False)  # what a background run left
     monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a read-only study must not evaluate"))
     found = lpes_at_power.study("smoke-read", progress=False)
-    assert found["convergence"].equals(stored.round(5)) and set(found["convergence"]["seed"]) == {0}
+    assert (found["convergence"]["space"] == "bezier").all() and found["convergence"].drop(columns="space").equals(stored.round(5))
     assert not {"validation", "claims", "families", "transfer"} & found.keys()
     command = "python -m lpes_nb.lpes_at_power {} --profile smoke-read"
     assert found["pending"] == [
@@ -388,7 +405,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
         f"validation of the kv75 search: {command.format('validate')} --dataset kv75 --seeds 0 1",
         f"test of the curve searched on kv75: {command.format('test')} --methods LPES PI --searched-on kv75"]
     text = lpes_at_power.conclusion(found, "smoke-read")
-    assert "**Search, seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 10
+    assert "**Search (bezier), seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 10
     assert f"**Setting**: {name}, float32" in text and "search part" in text
 
 
@@ -450,7 +467,8 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     settings = dict(test_records=(("LPES", 2), ("PI", 2)), validation_records=2, spaces=("bezier", "linear"))
     _profile_for(monkeypatch, "smoke-all", **settings)
     found = lpes_at_power.study("smoke-all", progress=False)
-    assert found["pending"] == [] and set(found["convergence"]["seed"]) == {0, 1}
+    assert found["pending"] == [] and found["convergence"].groupby("space", sort=False)["seed"].unique().map(list).to_dict() == {
+        "bezier": [0, 1], "linear": [0, 1]}
     assert found["validation"]["chosen"].sum() == 1 and (found["validation"]["validation_records"] == 2).all()
     assert set(found["claims"]["method"]) == {"LPES", "PI"} and (found["claims"]["n"] == 2).all()
     assert list(dict.fromkeys(found["test_differences"]["value"])) == ["correct", lpes_at_power.SHORT, "gold_logprob"]
@@ -465,6 +483,7 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     kv = json.loads((tmp_path / "results" / "smoke-all" / "lpes_at_power" / "chosen_scales_kv75_paper-dry-llama_float32.json").read_text())
     assert kv["dataset"] == "kv75" and kv["search_records"] == splits.records("kv75", "search", 1)
     text = lpes_at_power.conclusion(found, "smoke-all")
+    assert all(f"**Search ({space}), seed {seed}**: generation 1 of 1" in text for space in ("bezier", "linear") for seed in (0, 1))
     assert all(f"**{r.method} − {r.reference}**" in text and r.verdict in text for r in found["claims"].itertuples())
     assert all(f"**Curve family {r.method} − {r.reference}**" in text for r in families.itertuples())
     assert all(f"*Length check, {m} − {ref}*" in text for m, ref in [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")])
