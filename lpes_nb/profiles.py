@@ -476,8 +476,9 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         regime_search=RegimeSearch(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
                                    search_n=100, test_n=200),
         # the LPES Qwen setting at a CPU budget (the plan: lpes_nb.lpes_at_power). Its steps are background
-        # runs of `python -m lpes_nb.lpes_at_power` over several sittings (a search evaluation ~130-215 s,
-        # the test thousands of ~3k-token prompts): the notebook shows what they have stored
+        # runs of `python -m lpes_nb.lpes_at_power` over several sittings (a search evaluation 72-265 s by
+        # CPU, measured in lpes_nb.lpes_at_power; the test thousands of ~3k-token prompts): the notebook
+        # shows what they have stored
         lpes_at_power=LpesAtPower(model="qwen2.5-coder-0.5b", dtype="bfloat16",
                                   # population 16: 6 parents, 8 mutations, 2 crossovers; 6 generations (the paper: 32, 20)
                                   ga=GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6), seeds=(0, 1),
