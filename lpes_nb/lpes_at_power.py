@@ -63,7 +63,7 @@ from .tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
 # the `cpu` profile's study (the defaults here). Its plan, measured: one evaluation (8 records x 3
-# prompts of ~3.1k tokens, score mode, shared prefixes) on 2 cores: 72-79 s on an Intel Xeon with AMX,
+# prompts of ~3.1k tokens, score mode, shared prefixes) on 2 cores: 73-79 s on an Intel Xeon with AMX,
 # 127-139 s on an AMD EPYC of family 26, 217-265 s on one of family 25 (AVX512-BF16, no AMX), ~390 s on
 # an Intel VM with AVX512-BF16 but no AMX; <= 16 + 6 x 12 = 88 evaluations per seed (each generation
 # scores 8 mutations and both children of 2 crossovers): 1.8 h (AMX) to 5.5 h (EPYC family 25)
