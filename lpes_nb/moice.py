@@ -14,6 +14,7 @@ and mixes the results of transformers' SDPA attention.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -150,6 +151,7 @@ class RouterTraining:
     seed: int = 0
     micro_batch: int | None = None  # backward over this many prompts at a time: memory only, not in the recipe
     history: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the steps in ``history``, over every sitting a checkpointed run took
 
     @property
     def recipe(self) -> dict:
@@ -162,24 +164,54 @@ class RouterTraining:
         return cls(**training.recipe, micro_batch=training.micro_batch)
 
 
-def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True) -> MoICE:
-    """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method."""
+def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTraining(), progress: bool = True,
+                 checkpoint: Path | None = None, key: dict | None = None) -> MoICE:
+    """Train only the router on the answer loss of ``samples`` (model frozen). Returns the method.
+
+    With ``checkpoint``, the state after every step (router, Adam, losses) is written there, and a
+    run stopped part-way resumes from it step for step as if it had not stopped (the batches are
+    drawn up front from the seed). A checkpoint made for another ``key`` (default: the budget's
+    recipe) is refused, not resumed."""
     method = MoICE()
     router = method.new_router(model, budget.hidden, budget.seed)
     method.router = router
     optimiser = torch.optim.Adam(router.parameters(), lr=budget.lr)
     prompts, targets, pad = answer_batch(tokenizer, samples)
     rng = np.random.default_rng(budget.seed)
+    batches = [rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False) for _ in range(budget.steps)]
+    key = json.dumps(key or budget.recipe, sort_keys=True)
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["key"] != key:
+            raise ValueError(f"MoICE router checkpoint {checkpoint} was made for {state['key']}, this training is "
+                             f"{key}; delete the checkpoint to train this recipe from its first step")
+        router.load_state_dict(state["router"])
+        optimiser.load_state_dict(state["adam"])
+        budget.history[:], budget.seconds = state["history"], state["seconds"]
     with frozen(model):
-        for _ in tqdm(range(budget.steps), desc="MoICE router", disable=not progress):
-            batch = rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False)
+        for batch in tqdm(batches[len(budget.history):], desc="MoICE router", initial=len(budget.history),
+                          total=budget.steps, disable=not progress):
+            start = time.perf_counter()
             optimiser.zero_grad()
             with method.context(model, 0, None):
                 loss = backward_answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
                                            micro_batch=budget.micro_batch)
             optimiser.step()
             budget.history.append(loss)
+            budget.seconds += time.perf_counter() - start
+            if checkpoint is not None:
+                state = io.BytesIO()
+                torch.save(dict(key=key, router=router.state_dict(), adam=optimiser.state_dict(), history=budget.history,
+                                seconds=budget.seconds), state)
+                atomic_write(checkpoint, state.getvalue())
     return method
+
+
+def router_files(path: Path) -> tuple[Path, Path, Path]:
+    """The weights, the JSON and the training checkpoint of the router named by ``path``, a stem whose
+    name may hold dots ("..._qwen2.5-coder-0.5b_float32": a suffix swap would cut it at "0.")."""
+    path = Path(path)
+    return tuple(path.with_name(path.name + suffix) for suffix in (".safetensors", ".json", ".ckpt.pt"))
 
 
 def router_digest(router: Router) -> str:
@@ -191,10 +223,9 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
     """Weights (``.safetensors``) and a JSON beside them with the bases, the budget, the loss
     history, the weights' digest and ``meta``; the JSON is written last, so it exists only beside
     complete weights."""
-    path = Path(path)
-    weights = path.with_suffix(".safetensors")
+    weights, info, _ = router_files(path)
     atomic_write(weights, safetensors.torch.save({k: v.contiguous() for k, v in method.router.state_dict().items()}))
-    write_json(path.with_suffix(".json"), dict(bases=method.bases, **budget.recipe, loss=budget.history,
+    write_json(info, dict(bases=method.bases, **budget.recipe, loss=budget.history,
                                                router_digest=router_digest(method.router), **meta))
     return weights
 
@@ -208,23 +239,25 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
     they differ from the weights the JSON's digest names (a retraining on other hardware or library
     versions need not give the same bits, and the results stored under the recipe came from those).
     Otherwise the router is trained now and saved (weights + JSON with budget, loss history, digest
-    and wall time)."""
+    and wall time). Training writes a checkpoint after every step beside the weights (``.ckpt.pt``),
+    resumes from it when stopped part-way (it can take longer than a sitting), and removes it once
+    the weights are saved."""
     meta = meta or {}
-    path = Path(path)
-    weights, info_path = path.with_suffix(".safetensors"), path.with_suffix(".json")
+    weights, info_path, checkpoint = router_files(path)
     wanted = budget.recipe | meta
 
     def train(made: str | None = None) -> Router:
         will_compute("MoICE router training", weights)
-        start = time.perf_counter()
         budget.history.clear()
+        budget.seconds = 0.0
         with footprint.study("MoICE router training", steps=budget.steps):
-            trained = train_router(model, tokenizer, samples, budget, progress)
+            trained = train_router(model, tokenizer, samples, budget, progress, checkpoint, wanted)
         if made is not None and (digest := router_digest(trained.router)) != made:
             raise RuntimeError(f"MoICE router {path}: retrained from its recipe, its weights are {digest}, "
                                f"but the results stored under this recipe were made by weights {made}; restore "
                                f"{weights.name}, or move this recipe's stored results aside to remake them all with the new router")
-        save_router(trained, path, budget, seconds=round(time.perf_counter() - start, 1), threads=torch.get_num_threads(), **meta)
+        save_router(trained, path, budget, seconds=round(budget.seconds, 1), threads=torch.get_num_threads(), **meta)
+        checkpoint.unlink(missing_ok=True)
         return trained.router
 
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
@@ -239,8 +272,8 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
 
 
 def load_router(model, path: Path) -> MoICE:
-    weights = Path(path).with_suffix(".safetensors")
-    info = json.loads(weights.with_suffix(".json").read_text())
+    weights, info_path, _ = router_files(path)
+    info = json.loads(info_path.read_text())
     method = MoICE(bases=info["bases"])
     router = method.new_router(model, info["hidden"], info["seed"])
     router.load_state_dict(safetensors.torch.load_file(weights))

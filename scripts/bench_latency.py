@@ -14,7 +14,7 @@ import torch
 
 from lpes_nb.benchmarks import compared_methods, latency, latency_samples
 from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.moice import load_router
+from lpes_nb.moice import load_router, router_files
 from lpes_nb.profiles import profile
 from lpes_nb.results import BEST_SCALES, read_scales, write_csv, write_json
 
@@ -33,7 +33,7 @@ def main():
     model, tok = load_model(), load_tokenizer()
     scales = read_scales(args.scales, model.config.num_hidden_layers)["scales"]
     samples = latency_samples(profile("cpu").mdqa, args.n)
-    moice = load_router(model, args.router) if args.router.with_suffix(".pt").exists() else None
+    moice = load_router(model, args.router) if router_files(args.router)[0].exists() else None
     methods = compared_methods(scales, moice)
     if args.methods:
         unknown = set(args.methods) - set(methods)

@@ -1,5 +1,7 @@
 """MoICE (router over RoPE bases) and the gradient-based scale search, on a tiny model."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,8 @@ from lpes_nb.moice import (
     RouterTraining,
     load_or_train,
     load_router,
+    router_digest,
+    router_files,
     save_router,
     train_router,
 )
@@ -83,6 +87,48 @@ def test_a_saved_router_is_reused_only_for_the_same_budget(tiny_llama, tokenizer
     with pytest.raises(pytest.fail.Exception, match="retrained"):
         load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=3, batch_size=2), tmp_path / "r",
                       {"model_name": "tiny-llama"}, progress=False)
+
+
+def _stopped_at_step(monkeypatch, stop: int) -> list:
+    """Make router training stop (as if killed) when it reaches step ``stop``; returns the steps run."""
+    from lpes_nb import moice
+
+    real, steps = moice.backward_answer_nll, []
+
+    def step(*args, **kwargs):
+        steps.append(len(steps) + 1)
+        if steps[-1] == stop:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(moice, "backward_answer_nll", step)
+    return steps
+
+
+def test_a_stopped_router_training_resumes_step_for_step(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    budget, meta = RouterTraining(steps=3, batch_size=2, lr=0.05), {"model_name": "tiny-llama"}
+    whole = load_or_train(tiny_llama, tokenizer, _kv_samples(), budget, tmp_path / "whole", meta, progress=False)
+    stem = tmp_path / "router_qwen2.5-coder-0.5b_float32"  # a dotted name keeps all of itself in its files' names
+    weights, info, checkpoint = router_files(stem)
+    _stopped_at_step(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        load_or_train(tiny_llama, tokenizer, _kv_samples(), budget, stem, meta, progress=False)
+    assert not weights.exists() and not info.exists() and len(torch.load(checkpoint, weights_only=True)["history"]) == 2
+    steps = _stopped_at_step(monkeypatch, 0)
+    resumed = load_or_train(tiny_llama, tokenizer, _kv_samples(), budget, stem, meta, progress=False)
+    assert len(steps) == 1  # only the step the stop lost
+    assert router_digest(resumed.router) == router_digest(whole.router)
+    assert json.loads(info.read_text())["loss"] == json.loads(router_files(tmp_path / "whole")[1].read_text())["loss"]
+    assert weights.exists() and not checkpoint.exists()  # removed once the weights are saved
+
+
+def test_a_checkpoint_of_another_recipe_is_refused(tiny_llama, tokenizer, tmp_path, monkeypatch):
+    _stopped_at_step(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=3, batch_size=2), tmp_path / "r", progress=False)
+    with pytest.raises(ValueError, match=r"checkpoint .*r\.ckpt\.pt was made for .*\"lr\": 0\.003.*\"lr\": 0\.01"):
+        load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=3, batch_size=2, lr=0.01), tmp_path / "r",
+                      progress=False)
 
 
 def test_learned_scale_remap_is_positional_interpolation(tiny_llama):
