@@ -226,7 +226,7 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
     weights, info, _ = router_files(path)
     atomic_write(weights, safetensors.torch.save({k: v.contiguous() for k, v in method.router.state_dict().items()}))
     write_json(info, dict(bases=method.bases, **budget.recipe, loss=budget.history,
-                                               router_digest=router_digest(method.router), **meta))
+                          router_digest=router_digest(method.router), **meta))
     return weights
 
 
