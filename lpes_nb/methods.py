@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.generation.stopping_criteria import EosTokenCriteria, StoppingCriteriaList, StopStringCriteria
 
 from .rope import (
     RopePatch,
@@ -323,20 +324,42 @@ class AttentionBuckets(Method):
         return self.combine([self._pass(model, p, input_ids=ids, attention_mask=mask, position_ids=positions,
                                         logits_to_keep=keep).logits for p in self._patches(model)])
 
-    def generate(self, model, ids, mask, max_new_tokens, **options):
+    def generate(self, model, ids, mask, max_new_tokens, pad_token_id=None, stop_strings=None, tokenizer=None,
+                 min_new_tokens: int = 0):
+        """Greedy decoding over the buckets, ended as ``model.generate`` ends it: a row is finished at an
+        end-of-sequence token of the model's generation config (none before ``min_new_tokens``) or at one
+        of ``stop_strings``, and padded with ``pad_token_id`` after it; decoding stops once every row is
+        finished. (Decoding on past a row's end would add text after its end-of-sequence token to its
+        answer, and each step costs one pass per bucket.)"""
+        eos = model.generation_config.eos_token_id
+        eos = torch.tensor([] if eos is None else eos, dtype=torch.long, device=ids.device).flatten()
+        # as model.generate: rows are padded once ended only where an end-of-sequence token can end them
+        pad = (pad_token_id if pad_token_id is not None else int(eos[0])) if len(eos) else None
+        ended = StoppingCriteriaList([EosTokenCriteria(eos)] if len(eos) else [])
+        if stop_strings:
+            ended.append(StopStringCriteria(tokenizer, stop_strings))
         patches = self._patches(model)
         caches = [DynamicCache(config=model.config) for _ in patches]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        step_ids, out = ids, []
-        for _ in range(max_new_tokens):
-            logits = [self._pass(model, p, input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits for p, cache in zip(patches, caches)]
-            nxt = self.combine(logits)[:, -1].argmax(-1)
-            out.append(nxt)
+        sequence, step_ids = ids, ids
+        unfinished = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        for step in range(max_new_tokens):
+            logits = self.combine([self._pass(model, p, input_ids=step_ids, attention_mask=mask, position_ids=positions,
+                                              past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+                                   for p, cache in zip(patches, caches)])[:, -1]
+            if step < min_new_tokens and len(eos):
+                logits[:, eos] = float("-inf")
+            nxt = logits.argmax(-1)
+            if pad is not None:
+                nxt = torch.where(unfinished, nxt, pad)
+            sequence = torch.cat([sequence, nxt[:, None]], dim=1)
+            unfinished &= ~ended(sequence, None)
+            if not unfinished.any():
+                break
             step_ids = nxt[:, None]
             mask = torch.cat([mask, torch.ones_like(step_ids)], dim=1)
             positions = positions[:, -1:] + 1
-        return torch.stack(out, dim=1)
+        return sequence[:, ids.shape[1]:]
 
 
 def rank_scales(scores: torch.Tensor, min_scale: float, max_scale: float) -> torch.Tensor:

@@ -152,6 +152,38 @@ def test_attention_buckets_with_one_bucket_at_the_models_base_is_the_baseline(ti
     assert ours.tolist() == hf.tolist()  # the multi-cache greedy loop decodes like model.generate
 
 
+@pytest.mark.parametrize("end", ["eos", "stop string", "fixed length"])
+def test_attention_buckets_ends_decoding_as_model_generate_does(smollm2, tokenizer, monkeypatch, end):
+    """One bucket at the model's base decodes model.generate's very tokens, ended alike: a row is padded
+    after its end-of-sequence token or stop string, decoding stops once every row has ended (not after
+    max_new_tokens: each step is one pass per bucket), and min_new_tokens holds the end off."""
+    from lpes_nb.evaluate import _left_pad
+    from lpes_nb.methods import AttentionBuckets
+
+    # a trained model (a random one repeats one token): its two answers part at step k
+    one = AttentionBuckets(bases=[smollm2.config.rope_parameters["rope_theta"]])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids, mask = _left_pad([tokenizer.encode(s.prompt) for s in SAMPLES[:6:3]], pad)
+    free = Baseline().generate(smollm2, ids, mask, 12, pad_token_id=pad, min_new_tokens=12)
+    k = int((free[0] != free[1]).nonzero()[0])
+    stops = [int(free[0, k]), int(free[1, k + 1])]  # the first row ends at step k, the second at k + 1
+    ends = [next(n for n, t in enumerate(row.tolist()) if t in stops) for row in free]
+    assert ends == [k, k + 1] and k + 2 < 12
+    options = dict(pad_token_id=pad)
+    if end == "stop string":  # the model's own end-of-sequence token (not emitted here) stays
+        options |= dict(stop_strings=[tokenizer.decode([t]) for t in stops], tokenizer=tokenizer)
+    else:
+        monkeypatch.setattr(smollm2.generation_config, "eos_token_id", stops)
+        if end == "fixed length":
+            options |= dict(min_new_tokens=12)
+    ours = one.generate(smollm2, ids, mask, 12, **options)
+    assert torch.equal(ours, Baseline().generate(smollm2, ids, mask, 12, **options))
+    if end == "fixed length":  # the end tokens suppressed for all 12 steps
+        assert ours.shape[1] == 12 and not set(stops) & set(ours.flatten().tolist())
+    else:
+        assert ours.shape[1] == k + 2 and ours[0, -1] == pad and torch.equal(ours[1], free[1, : k + 2])
+
+
 def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
     from lpes_nb.methods import AttentionBuckets
 
