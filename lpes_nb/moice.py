@@ -91,9 +91,9 @@ class MoICE(Method):
     reference set scaled by the model's own base / 10000.
 
     A router from :func:`load_or_train` is known by its training ``recipe`` (which keys its results)
-    and may come without weights (git keeps the JSON; the weights only where results are made over
-    several sittings): ``train`` rebuilds them the first time the method runs, i.e. only when a
-    result is not in the store, and refuses weights other than those the stored results were made with."""
+    and may come without weights (git keeps the JSON, never the weights): ``train`` rebuilds them the
+    first time the method runs, i.e. only when a result is not in the store, and refuses weights other
+    than those the stored results were made with (another CPU need not give the same bits)."""
 
     router: Router | None = None
     bases: Sequence[float] | None = None
