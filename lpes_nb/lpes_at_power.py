@@ -613,19 +613,27 @@ def main(argv: list[str] | None = None) -> None:
     plan = replace(Plan.of(args.profile, args.dataset, args.space), batch_size=args.batch_size or s.batch_size)
     seeds = args.seeds or list(s.seeds)
     if args.step in ("search", "report"):
-        tables = []
+        # the stored table holds every seed with a checkpoint, as the notebook writes it: a call for one
+        # seed (the notebook's resume command) must not drop the others' rows
+        tables = {}
+        for seed in sorted(set(s.seeds) - set(seeds)):
+            try:
+                tables[seed] = search_seed(model, tokenizer, name, seed, plan, report_only=True)
+            except FileNotFoundError:
+                continue
         for seed in seeds:
             try:
-                tables.append(search_seed(model, tokenizer, name, seed, plan, report_only=args.step == "report"))
+                tables[seed] = search_seed(model, tokenizer, name, seed, plan, report_only=args.step == "report")
             except FileNotFoundError:
                 if args.step == "search":
                     raise
                 print(f"seed {seed}: no checkpoint yet (its first generation has not finished)")
                 continue
-            write_csv(_paths(plan, name, dtype_name(model.dtype))["convergence"], pd.concat(tables, ignore_index=True).round(5))
-        if not tables:
-            raise SystemExit(f"no search of {plan.label} has a checkpoint yet")
-        print(pd.concat(tables, ignore_index=True).round(4).to_string(index=False))
+            write_csv(_paths(plan, name, dtype_name(model.dtype))["convergence"],
+                      pd.concat([tables[k] for k in sorted(tables)], ignore_index=True).round(5))
+        if not set(seeds) & set(tables):
+            raise SystemExit(f"no search of {plan.label} with seed(s) {seeds} has a checkpoint yet")
+        print(pd.concat([tables[k] for k in sorted(tables)], ignore_index=True).round(4).to_string(index=False))
     elif args.step == "validate":
         table = run_validation(model, tokenizer, name, plan, seeds, s.finalists, s.validation_records)
         print(table.drop(columns="scales").round(4).to_string(index=False))

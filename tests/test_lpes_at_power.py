@@ -57,6 +57,30 @@ def test_a_report_before_the_search_or_without_recorded_times_is_refused(tmp_pat
         lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
 
 
+def test_a_search_of_one_seed_keeps_the_other_seeds_rows_in_the_stored_convergence_table(tmp_path, monkeypatch, capsys):
+    """The notebook names an unfinished seed's resume as ``search --seeds 1``: that call must write the
+    convergence table with seed 0's rows still in it, as the notebook itself writes it."""
+    import pandas as pd
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    cli = ["--profile", "smoke", "--model", "tiny-llama", "--dtype", "float32"]
+    path = lpes_at_power._paths(lpes_at_power.Plan.of("smoke"), "tiny-llama", "float32")["convergence"]
+    lpes_at_power.main(["search", *cli, "--seeds", "0"])
+    alone = pd.read_csv(path)
+    assert set(alone["seed"]) == {0}
+    lpes_at_power.main(["search", *cli, "--seeds", "1"])
+    both = pd.read_csv(path)
+    assert list(both["seed"].unique()) == [0, 1] and both[both["seed"] == 0].reset_index(drop=True).equals(alone)
+    lpes_at_power.main(["report", *cli, "--seeds", "0"])
+    assert pd.read_csv(path).equals(both)
+    # the stored table is the notebook's: what study() writes from every seed's checkpoint
+    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    notebook = pd.concat([lpes_at_power.search_seed(model, tokenizer, "tiny-llama", seed, lpes_at_power.Plan.of("smoke"), report_only=True)
+                          for seed in (0, 1)], ignore_index=True).round(5)
+    assert pd.read_csv(path).equals(pd.read_csv(lpes_at_power.write_csv(tmp_path / "nb.csv", notebook)))
+
+
 def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_records(tmp_path, monkeypatch):
     from lpes_nb.methods import lpes, pi
 
