@@ -146,6 +146,23 @@ def convergence(search: GeneticSearch, fitness: PositionFitness, seed: int) -> p
                          "unmodified": reference})
 
 
+def write_convergence(model, tokenizer, model_name: str, plan: Plan, seeds) -> pd.DataFrame | None:
+    """The convergence table of each of ``seeds`` whose search has a checkpoint (read back from it,
+    nothing scored), in that order, written to the plan's convergence CSV; None, and nothing written,
+    where none has one. The one writer of that table (notebook 10 and the CLI)."""
+    tables = []
+    for seed in seeds:
+        try:
+            tables.append(search_seed(model, tokenizer, model_name, seed, plan, report_only=True))
+        except FileNotFoundError:
+            continue
+    if not tables:
+        return None
+    table = pd.concat(tables, ignore_index=True).round(5)
+    write_csv(_paths(plan, model_name, dtype_name(model.dtype))["convergence"], table)
+    return table
+
+
 def searched(model, tokenizer, model_name: str, seed: int, plan: Plan = Plan()) -> tuple[GeneticSearch, PositionFitness]:
     """Seed ``seed``'s search of ``plan`` as stored (its checkpoint named by its fingerprint) and its fitness."""
     run = plan.run(seed)
@@ -428,17 +445,15 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
     def command(step: str, seeds) -> str:
         return f"python -m lpes_nb.lpes_at_power {step} --profile {profile}{where} --seeds {' '.join(map(str, seeds))}"
 
-    found, tables = {}, []
-    for seed in s.seeds:
-        try:
-            tables.append(search_seed(model, tokenizer, s.model, seed, plan, progress, report_only=s.read_only))
-        except FileNotFoundError:  # read-only, no checkpoint yet: named as pending below
-            continue
-    if tables:
-        found["convergence"] = pd.concat(tables, ignore_index=True).round(5)
-        write_csv(paths["convergence"], found["convergence"])
+    found = {}
+    if not s.read_only:
+        for seed in s.seeds:
+            search_seed(model, tokenizer, s.model, seed, plan, progress)
+    table = write_convergence(model, tokenizer, s.model, plan, s.seeds)  # read-only, no checkpoint yet: pending below
+    if table is not None:
+        found["convergence"] = table
     # a seed is finished when its convergence reaches the last generation (no checkpoint: not started)
-    last = found["convergence"].groupby("seed")["generation"].max() if tables else pd.Series(dtype=int)
+    last = table.groupby("seed")["generation"].max() if table is not None else pd.Series(dtype=int)
     unfinished = [seed for seed in s.seeds if last.get(seed, -1) < s.ga.generations]
     if unfinished:
         pending.append(f"the {plan.label} search of seed(s) {unfinished} has not finished: {command('search', unfinished)}")
@@ -613,27 +628,21 @@ def main(argv: list[str] | None = None) -> None:
     plan = replace(Plan.of(args.profile, args.dataset, args.space), batch_size=args.batch_size or s.batch_size)
     seeds = args.seeds or list(s.seeds)
     if args.step in ("search", "report"):
-        # the stored table holds every seed with a checkpoint, as the notebook writes it: a call for one
-        # seed (the notebook's resume command) must not drop the others' rows
-        tables = {}
-        for seed in sorted(set(s.seeds) - set(seeds)):
-            try:
-                tables[seed] = search_seed(model, tokenizer, name, seed, plan, report_only=True)
-            except FileNotFoundError:
-                continue
-        for seed in seeds:
-            try:
-                tables[seed] = search_seed(model, tokenizer, name, seed, plan, report_only=args.step == "report")
-            except FileNotFoundError:
-                if args.step == "search":
-                    raise
-                print(f"seed {seed}: no checkpoint yet (its first generation has not finished)")
-                continue
-            write_csv(_paths(plan, name, dtype_name(model.dtype))["convergence"],
-                      pd.concat([tables[k] for k in sorted(tables)], ignore_index=True).round(5))
-        if not set(seeds) & set(tables):
+        # the table holds the profile's seeds too, as the notebook writes it: a call for one seed (the
+        # notebook's resume command) must not drop the others' rows
+        every = [*s.seeds, *(seed for seed in seeds if seed not in s.seeds)]
+        if args.step == "search":
+            for seed in seeds:  # written after each seed: a finished one is stored before the next starts
+                search_seed(model, tokenizer, name, seed, plan)
+                table = write_convergence(model, tokenizer, name, plan, every)
+        else:
+            table = write_convergence(model, tokenizer, name, plan, every)
+        stored = set() if table is None else set(table["seed"])
+        for seed in sorted(set(seeds) - stored):
+            print(f"seed {seed}: no checkpoint yet (its first generation has not finished)")
+        if not set(seeds) & stored:
             raise SystemExit(f"no search of {plan.label} with seed(s) {seeds} has a checkpoint yet")
-        print(pd.concat([tables[k] for k in sorted(tables)], ignore_index=True).round(4).to_string(index=False))
+        print(table.round(4).to_string(index=False))
     elif args.step == "validate":
         table = run_validation(model, tokenizer, name, plan, seeds, s.finalists, s.validation_records)
         print(table.drop(columns="scales").round(4).to_string(index=False))

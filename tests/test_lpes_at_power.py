@@ -57,7 +57,7 @@ def test_a_report_before_the_search_or_without_recorded_times_is_refused(tmp_pat
         lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
 
 
-def test_a_search_of_one_seed_keeps_the_other_seeds_rows_in_the_stored_convergence_table(tmp_path, monkeypatch, capsys):
+def test_a_search_of_one_seed_keeps_the_other_seeds_rows_in_the_stored_convergence_table(tmp_path, monkeypatch):
     """The notebook names an unfinished seed's resume as ``search --seeds 1``: that call must write the
     convergence table with seed 0's rows still in it, as the notebook itself writes it."""
     import pandas as pd
