@@ -33,7 +33,7 @@ from .models import load_model, load_tokenizer
 from .moice import MoICE, router_digest
 from .results import cached_table
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
-from .tasks import EvalSettings, TaskConfig
+from .tasks import EvalSettings, TaskConfig, scoring_key
 from .timing import interleaved_times, ratio_to_baseline
 
 # The compared methods, by display name, in the order of the benchmark tables: each entry builds the
@@ -139,7 +139,8 @@ def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping
     for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress):
         compute = ((lambda m=method: _on_workers(pool, samples, m, settings)) if pool is not None else
                    (lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings, progress=progress)))
-        per_sample = cached_table(f"{name}_samples", {**params, "method": method_key(method)}, compute, profile)
+        scored = scoring_key(s.task for s in samples) if settings.mode == "score" else {}
+        per_sample = cached_table(f"{name}_samples", {**params, **scored, "method": method_key(method)}, compute, profile)
         per_sample.insert(0, "method", label)
         tables.append(per_sample)
     return pd.concat(tables, ignore_index=True)

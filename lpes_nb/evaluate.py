@@ -4,10 +4,13 @@ Two ways to judge a sample:
 
 * ``generate``: greedy decoding (batched, left padding, stop at the first newline), then the task
   metric on the text: what the papers report.
-* ``score``: one teacher-forced forward over prompt + gold answer. "Every gold token is the argmax"
-  is exactly "greedy decoding starts with the gold answer", so this gives the same correctness as
-  decoding for the answer's canonical tokenisation, plus the gold log-probability, at the cost of a
-  single forward with logits kept only for the answer tokens. It is what the searches use.
+* ``score``: one teacher-forced forward over prompt + gold answer, the answer written in each of
+  its task's surface forms (:attr:`lpes_nb.tasks.Task.answer_forms`: a KV value with or without the
+  prompt's quotes). "Every token of one form is the argmax" is "greedy decoding starts with the gold
+  answer in that form" (for the form's canonical tokenisation), so this gives greedy decoding's
+  correctness on that prefix, plus the gold log-probability (of the likeliest form), at the cost of a
+  single forward with logits kept only for the answer tokens. It is what the searches use;
+  ``tests/test_answer_forms.py`` holds it against stored and live greedy answers.
 """
 
 from __future__ import annotations
@@ -47,11 +50,18 @@ def target_ids(tokenizer, answer: str, chat: bool = False) -> list[int]:
     return ids
 
 
+def answer_targets(tokenizer, sample: Sample, chat: bool = False) -> list[list[int]]:
+    """The token ids of every way the sample's gold answer is written: each alias in each surface
+    form of its task (:meth:`lpes_nb.tasks.Task.surface_forms`), without repeats."""
+    forms = (f for a in dict.fromkeys(sample.answers) for f in TASKS[sample.task].surface_forms(a))
+    return [list(ids) for ids in dict.fromkeys(tuple(target_ids(tokenizer, f, chat)) for f in forms)]
+
+
 def check_answer_budget(tokenizer, samples: Sequence[Sample], settings: EvalSettings) -> None:
     """Generate mode: every sample's shortest gold answer must fit in ``max_new_tokens``, or an answer
     cut before its end is judged wrong for want of tokens, not of retrieval (a UUID value takes 27-38
     tokens in these tokenizers; 32 new tokens would fail most of them silently)."""
-    need = [min(len(target_ids(tokenizer, a, settings.chat)) for a in s.answers) for s in samples]
+    need = [min(len(t) for t in answer_targets(tokenizer, s, settings.chat)) for s in samples]
     over = [(n, s) for n, s in zip(need, samples) if n > settings.max_new_tokens]
     if over:
         n, s = max(over, key=lambda ns: ns[0])
@@ -60,16 +70,18 @@ def check_answer_budget(tokenizer, samples: Sequence[Sample], settings: EvalSett
                          f"allow at least {n} new tokens")
 
 
-def check_lengths(lengths, extra, max_positions: int, on_overflow: str) -> np.ndarray:
+def check_lengths(lengths, extra, max_positions: int, on_overflow: str, prompts=None) -> np.ndarray:
     """Boolean mask of prompts that fit; raise (``on_overflow="error"``) or skip (``"skip"``) the rest.
-    Never truncates."""
+    Never truncates. ``prompts``: the prompt of each entry, where several entries (a prompt's answer
+    targets) share one, so that the error counts prompts."""
     if on_overflow not in ("error", "skip"):
         raise ValueError(f"on_overflow must be 'error' or 'skip', got {on_overflow!r}")
     needed = np.asarray(lengths) + np.asarray(extra)
     fits = needed <= max_positions
     if not fits.all() and on_overflow == "error":
+        over = len({p for p, ok in zip(prompts, fits) if not ok}) if prompts is not None else int((~fits).sum())
         raise ValueError(
-            f"{int((~fits).sum())} prompt(s) need up to {int(needed.max())} positions (prompt + answer), "
+            f"{over} prompt(s) need up to {int(needed.max())} positions (prompt + answer), "
             f"beyond the model's {max_positions}; shorten the task or pass on_overflow='skip'"
         )
     return fits
@@ -224,8 +236,8 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
             raise ValueError(f"{method.name} remaps positions by document and needs prompts without a chat template")
         segments = [token_segments(tokenizer, s) for s in samples]
     if settings.mode == "score":
-        # several gold aliases (MDQA): score each, correct if any is; log-prob of the best alias
-        pairs = [(i, target_ids(tokenizer, a, settings.chat)) for i, s in enumerate(samples) for a in dict.fromkeys(s.answers)]
+        # several gold aliases (MDQA) or surface forms (KV): score each, correct if any is; log-prob of the best
+        pairs = [(i, t) for i, s in enumerate(samples) for t in answer_targets(tokenizer, s, settings.chat)]
         extra = [len(t) for _, t in pairs]
         lengths = [len(prompts[i]) for i, _ in pairs]
     else:
@@ -233,7 +245,8 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
             check_answer_budget(tokenizer, samples, settings)
         extra = [settings.max_new_tokens] * len(samples)
         lengths = [len(p) for p in prompts]
-    fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow)
+    fits = check_lengths(lengths, extra, model.config.max_position_embeddings, settings.on_overflow,
+                         [i for i, _ in pairs] if settings.mode == "score" else None)
     rows = [{"task": s.task, "position": s.position, "num_items": s.num_items, "sample": s.sample_id,
              "prompt_tokens": len(p)} for s, p in zip(samples, prompts)]
     method = method or Baseline()
@@ -265,8 +278,7 @@ def evaluate_samples(model, tokenizer, samples: Sequence[Sample], method: Method
         keep = [i for i in range(len(samples)) if fits[i]]
         scores = {}
         if shared:
-            targets = ([[target_ids(tokenizer, a, settings.chat) for a in dict.fromkeys(s.answers)] for s in samples]
-                       if gold_logprob else None)
+            targets = [answer_targets(tokenizer, s, settings.chat) for s in samples] if gold_logprob else None
             answers, scores = _generate_shared(model, tokenizer, prompts, keep, record_groups(samples), method, settings,
                                                targets, progress, prefill_chunk)
         else:
@@ -329,6 +341,27 @@ def _score_shared(model, prompts, pairs, groups, method: Method, progress: bool,
     return correct, logprob
 
 
+def best_target(model, kv, prompt_len: int, last_logits, targets: list[list[int]]) -> tuple[bool, float]:
+    """After one prefilled prompt: whether greedy decoding starts with any of ``targets`` (a gold
+    answer's aliases and surface forms) and the best one's teacher-forced log-probability."""
+    judged = [prefix.continuation_logprob(model, kv, prompt_len, last_logits, t) for t in targets]
+    return any(c for c, _ in judged), max(lp for _, lp in judged)
+
+
+@torch.inference_mode()
+def gold_scores(model, tokenizer, samples: Sequence[Sample], chunk: int | None = None) -> list[tuple[bool, float]]:
+    """Per sample, (gold first, gold log-probability) exactly as the shared path computes them beside
+    decoding (``gold_logprob=True``), without decoding: the unmodified model, one record at a time
+    through its shared prefix. Re-scores stored answers under a new answer target."""
+    prompts = [encode(tokenizer, s) for s in samples]
+    out: list = [None] * len(samples)
+    for group in record_groups(samples):
+        logits, kvs = prefix.prefill(model, [prompts[i] for i in group], chunk=chunk)
+        for i, last, kv in zip(group, logits, kvs):
+            out[i] = best_target(model, kv, len(prompts[i]), last, answer_targets(tokenizer, samples[i]))
+    return out
+
+
 @torch.inference_mode()
 def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, settings: EvalSettings, targets, progress: bool,
                      chunk: int | None = None):
@@ -354,8 +387,7 @@ def _generate_shared(model, tokenizer, prompts, keep, groups, method: Method, se
             logits, kvs = prefix.prefill(model, [prompts[i] for i in group], chunk=chunk)
             for i, last, kv in zip(group, logits, kvs):
                 if targets is not None:
-                    judged = [prefix.continuation_logprob(model, kv, len(prompts[i]), last, t) for t in targets[i]]
-                    scores[i] = (any(c for c, _ in judged), max(lp for _, lp in judged))
+                    scores[i] = best_target(model, kv, len(prompts[i]), last, targets[i])
                 pending.append((i, kv, len(prompts[i]), last))
             if len(pending) >= settings.batch_size:
                 decode()

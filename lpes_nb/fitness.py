@@ -16,11 +16,11 @@ from tqdm.auto import tqdm
 from .data import Sample
 from .evaluate import evaluate_samples
 from .methods import LayerScales
-from .metrics import accuracy_table, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
+from .metrics import accuracy_table, check_finite, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
 from .models import model_key
 from .prefix import check_chunk
 from .results import ResultCache, cache_key
-from .tasks import EvalSettings
+from .tasks import EvalSettings, scoring_key
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy
 
@@ -58,6 +58,7 @@ def weighted_fitness(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS, value
                          "positions): shorten the task (num_items) or use a model with a longer window")
     if value not in df:
         raise ValueError(f"no column {value!r} to weight; have {list(df.columns)}")
+    check_finite(df, value, "weighted_fitness")
     acc = df.groupby("position")[value].mean().sort_index()
     if len(acc) != 3:
         raise ValueError(f"the fitness needs exactly 3 gold positions (begin, middle, end), got {list(acc.index)}")
@@ -78,7 +79,10 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
     outcomes, since the same record appears at every position. Also the bootstrap SE, the minimum
     detectable effect at 80 % power (two-sided 5 %), and the number of records. Where no record's
     outcome differs the bootstrap has nothing to resample; the interval is then ±(the Wilson upper
-    bound on the share of records that could differ, 0 of n), never [0, 0]."""
+    bound on the share of records that could differ, 0 of n), never [0, 0]. ``identical``: besides
+    every outcome, every gold log-probability and answer text the tables hold is the same: the
+    method changed nothing on these prompts (Dynamic NTK inside the trained window), which
+    :func:`difference_text` reports as such, without an interval."""
     wide = per_sample.pivot_table(index=["sample", "position"], columns="method", values="correct").astype(float)
     missing = {method, reference} - set(wide.columns)
     if missing:
@@ -100,8 +104,12 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
         low, high, se = -bound, bound, bound / 1.96
     else:
         low, high, se = float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)), float(np.std(boot, ddof=1))
+    same = [c for c in ("correct", "gold_logprob", "prediction") if c in per_sample]
+    both = per_sample[per_sample["method"].isin([method, reference])]
+    sides = both.pivot_table(index=["sample", "position"], columns="method", values=same, aggfunc="first")
+    identical = all(sides[(c, method)].equals(sides[(c, reference)]) for c in same)
     return {"method": method, "reference": reference, "difference": point, "ci_low": low, "ci_high": high,
-            "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d)}
+            "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d), "identical": identical}
 
 
 def paired_differences(per_sample: pd.DataFrame, references: Sequence[str] = ("baseline", "PI"),
@@ -219,7 +227,8 @@ class PositionFitness:
         self.value, self.prefill_chunk, self.progress = value, prefill_chunk, progress
         check_chunk(prefill_chunk)
         self._task_key = dict(**model_key(model_name, model), settings=asdict(settings),
-                              samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest())
+                              samples=hashlib.sha256("".join(s.prompt + "|".join(s.answers) for s in samples).encode()).hexdigest(),
+                              **scoring_key(s.task for s in samples))
 
     def fingerprint(self) -> str:
         """What this fitness measures (model weights and dtype, samples, settings, weights of the
@@ -280,9 +289,18 @@ class PositionFitness:
         return np.array(out)
 
 
+# why a method can be the identity on a study's prompts, by its label
+IDENTICAL_WHY = {"Dynamic NTK": "prompt inside the trained window: transformers' dynamic RoPE keeps the trained base there"}
+
+
 def difference_text(row) -> str:
     """One paired comparison (a row of :func:`paired_differences`) as Markdown: the difference with its
-    record-clustered interval, the minimum detectable effect and the verdict the interval supports."""
+    record-clustered interval, the minimum detectable effect and the verdict the interval supports;
+    a method identical to its reference on every record (``identical``) is said to be, without one."""
+    if row.get("identical", False):
+        why = f" ({IDENTICAL_WHY[row['method']]})" if row["method"] in IDENTICAL_WHY else ""
+        return (f"{row['method']} vs {row['reference']}: **identical to the {row['reference']}**{why}: every answer and gold "
+                f"log-probability of the {int(row['records'])} records is the same, so no interval")
     verdict = ("better" if row["ci_low"] > 0 else "worse" if row["ci_high"] < 0
                else f"no effect of ≥ {row['mde_80']:.2f} resolved")
     return (f"{row['method']} vs {row['reference']}: Δλ {row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], "

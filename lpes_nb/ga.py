@@ -67,6 +67,9 @@ class GAConfig:
         if not (isinstance(self.my, (int, float)) and np.isfinite(self.my) and self.my >= 0) or not _on_grid(self.my, self.y_step):
             raise ValueError(f"GAConfig.my must be 0 or a positive multiple of y_step={self.y_step}, got {self.my!r} "
                              "(a move smaller than one grid step would never change y)")
+        if self.mutations and self.mx == 0 and self.my == 0:
+            raise ValueError(f"GAConfig.mx=0 and my=0 make every mutation a copy of its parent ({self.mutations} mutations per "
+                             f"generation would find no new individual): give mx >= 1 or my >= y_step={self.y_step}, or mutations=0")
 
 
 # --- genome spaces -------------------------------------------------------------------------------

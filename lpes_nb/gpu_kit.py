@@ -451,6 +451,23 @@ RUNNERS = {"carry": run_carry, "ga": run_ga}
 RESUMABLE = {"latency": run_latency, "regime": run_regime}  # these take the budget left and resume from OUT
 
 
+def check_mode(out: Path, dry: bool) -> None:
+    """An output folder holds one kind of run: a dry run's steps (tiny random models on the CPU) are
+    never reported as a real run's, nor the other way round. The folder's first run records its mode
+    (a folder from before the record: the mode its finished steps name)."""
+    marker = out / "kit.json"
+    steps = [out / f"{step}.json" for step in STEPS if (out / f"{step}.json").exists()]
+    modes = {json.loads(path.read_text()).get("dry") for path in ([marker] if marker.exists() else steps)}
+    if not modes:
+        write_json(marker, {"dry": dry})
+        return
+    stored = modes.pop() if len(modes) == 1 else "mixed"
+    if stored != dry:
+        kinds = {True: "a --dry run (tiny random models on the CPU)", False: "a real run"}
+        raise ValueError(f"{out} holds {kinds.get(stored, f'a run of unknown mode {stored!r}')}; this is {kinds[dry]}: "
+                         "give the kit another output folder")
+
+
 def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | None = None,
             inject_wrong_scale: bool = False, carry_models: tuple[str, ...] | None = None,
             ga_batch_size: int | None = None) -> dict:
@@ -468,6 +485,7 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
                            "or only its carry step (--steps carry) to pack what a GPU machine without network needs")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    check_mode(out, dry)
     plan = DRY if dry else REAL
     if carry_models is not None:
         plan = replace(plan, carry_models=tuple(carry_models))

@@ -54,7 +54,7 @@ from .methods import DynamicNTK, Method
 from .metrics import mdqa_correct_within
 from .models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from .moice import MoICE, RouterTraining, load_or_train
-from .position_gate import method_differences
+from .position_gate import method_differences, verdict_word
 from .position_map import RELATIVE_POSITIONS, at_positions, load_records, positional_rows, record_cell
 from .profiles import PROFILES, SPACES, Training, profile as named_profile
 from .results import output_dir, read_scales, save_scales, write_csv
@@ -199,15 +199,21 @@ def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top
 
 def validate(model, tokenizer, model_name: str, finals: pd.DataFrame, plan: Plan = Plan(), records: int = CPU.validation_records,
              progress: bool = True) -> pd.DataFrame:
-    """Every finalist and the unmodified model scored by the search's fitness on the first ``records``
-    validation records of the plan's dataset; the finalist with the highest score is ``chosen`` (the
-    curve the test takes)."""
+    """Every finalist and the unmodified model (a candidate of its own, the last row: what any curve
+    must beat) scored by the search's fitness on the first ``records`` validation records of the
+    plan's dataset. The finalist with the highest score is ``chosen``: the curve the test takes, as
+    the paper's protocol does, also where it does not beat the unmodified model
+    (``beats_unmodified``; the conclusion then says so first)."""
     fitness = search_fitness(model, tokenizer, plan.task("validation", records), plan.run(0), model_name, progress)
     scales = np.array([json.loads(s) for s in finals["scales"]])
     scores = [float(fitness(row[None])[0]) for row in tqdm(scales, desc="validation", disable=not progress)]
-    out = finals.assign(validation=scores, validation_unmodified=float(fitness(np.ones((1, scales.shape[1])))[0]),
-                        validation_records=records)
-    return out.assign(chosen=np.arange(len(out)) == int(np.argmax(scores)))
+    unmodified = float(fitness(np.ones((1, scales.shape[1])))[0])
+    out = finals.assign(candidate=[f"seed {s} rank {r}" for s, r in zip(finals["seed"], finals["rank"])], validation=scores,
+                        validation_unmodified=unmodified, validation_records=records,
+                        chosen=np.arange(len(finals)) == int(np.argmax(scores)), beats_unmodified=np.asarray(scores) > unmodified)
+    identity = {"candidate": "unmodified", "scales": json.dumps([1.0] * scales.shape[1]), "validation": unmodified,
+                "validation_unmodified": unmodified, "validation_records": records, "chosen": False, "beats_unmodified": False}
+    return pd.concat([out, pd.DataFrame([identity])], ignore_index=True)
 
 
 def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan: Plan = Plan()) -> Path:
@@ -221,7 +227,7 @@ def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan:
     return save_scales(path, json.loads(row["scales"]), model=model_identity(model, model_name),
                        dtype=dtype_name(model.dtype), dataset=plan.dataset, space=plan.space,
                        search_records=splits.records(plan.dataset, "search", plan.records), ga=repr(plan.ga),
-                       seeds=sorted(int(s) for s in table["seed"].unique()), fitness=f"{VALUE}, Eq. 8 weights",
+                       seeds=sorted(int(s) for s in table["seed"].dropna().unique()), fitness=f"{VALUE}, Eq. 8 weights",
                        seed=int(row["seed"]), rank=int(row["rank"]), search_fitness=float(row["search_fitness"]),
                        validation_records=int(row["validation_records"]), validation=float(row["validation"]),
                        validation_unmodified=float(row["validation_unmodified"]))
@@ -363,26 +369,40 @@ def claims(table: pd.DataFrame, differences: pd.DataFrame, alpha: float = 0.05) 
     for r in differences[(differences["position"] == "average") & (differences["value"] == "correct")].itertuples():
         claimed = paper[r.method] - paper[r.reference] if {r.method, r.reference} <= set(paper.index) else np.nan
         significant = r.p_holm < alpha
-        if np.isnan(claimed):  # ours alone, in the table's unit (points), not the fraction method_differences words it in
-            if not np.isfinite(r.mde):
-                ours = "undetermined: no record differs"
-            else:
-                ours = r.verdict if significant else f"no difference at MDE {100 * r.mde:.1f} points"  # r.verdict: higher / lower
+        # the one rule (position_gate.verdict_word), in the table's unit: points, not the fraction
+        ours = verdict_word(r.difference, r.ci_low, r.ci_high, r.p_holm, r.mde, alpha, 100, 1, " points")
+        if np.isnan(claimed):
             verdict = f"no paper figure; ours: {ours}"
         elif round(claimed, 1) == 0 and np.isfinite(r.mde):
-            verdict = "not reproduced: ours differs" if significant else f"reproduced: no difference at MDE {100 * r.mde:.1f} points"
+            verdict = "not reproduced: ours differs" if significant else f"reproduced: {ours}"
         elif significant and np.sign(r.difference) == np.sign(claimed):
             verdict = "reproduced"
         elif significant:
             verdict = "opposite"
         elif not np.isfinite(r.mde):
-            verdict = "undetermined: no record differs"
+            verdict = ours
         else:
-            verdict = f"not reproduced at MDE {100 * r.mde:.1f} points"
+            verdict = "not reproduced" + ours.removeprefix("no difference")
         rows.append({"method": r.method, "reference": r.reference, "paper_points": claimed, "points": 100 * r.difference,
                      "ci_low": 100 * r.ci_low, "ci_high": 100 * r.ci_high, "n": r.n, "mde_points": 100 * r.mde,
                      "p_holm": r.p_holm, "verdict": verdict})
     return pd.DataFrame(rows)
+
+
+# Stored steps withdrawn, with why; their files are kept under lpes_at_power/withdrawn/ and the
+# conclusion prints their claims labelled withdrawn, never as results (a rerun stores the new ones)
+WITHDRAWN = {
+    "kv75": "scored the KV gold value without the quotes every answer writes (score mode's target before the task "
+            "declared its answer forms): its search, validation, chosen curve and transfer test to MDQA-20 are withdrawn",
+}
+
+
+def withdrawn_claims(profile: str, model_name: str, dtype: str) -> pd.DataFrame:
+    """The transfer claims of the withdrawn datasets (:data:`WITHDRAWN`) still in the store, with the reason."""
+    folder = output_dir("results", profile) / "lpes_at_power" / "withdrawn"
+    frames = [pd.read_csv(path).assign(searched_on=dataset, reason=reason) for dataset, reason in WITHDRAWN.items()
+              if (path := folder / f"claims_{dataset}_{model_name}_{dtype}.csv").exists()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _paths(plan: Plan, model_name: str, dtype: str) -> dict[str, Path]:
@@ -459,7 +479,8 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
         pending.append(f"the {plan.label} search of seed(s) {unfinished} has not finished: {command('search', unfinished)}")
     if paths["validation"].exists():
         found["validation"] = pd.read_csv(paths["validation"])
-        stored = (sorted(int(k) for k in found["validation"]["seed"].unique()), int(found["validation"]["validation_records"].iloc[0]))
+        stored = (sorted(int(k) for k in found["validation"]["seed"].dropna().unique()),
+                  int(found["validation"]["validation_records"].iloc[0]))
         if stored != (sorted(s.seeds), s.validation_records):
             raise ValueError(f"{paths['validation']} holds seeds {stored[0]} on {stored[1]} validation records, the profile "
                              f"{profile!r} asks for {sorted(s.seeds)} on {s.validation_records}: rerun its validate step")
@@ -551,7 +572,26 @@ def study(profile: str, progress: bool = True) -> dict:
             transfers.append(tested["claims"].assign(searched_on=dataset))
     if transfers:
         found["transfer"] = pd.concat(transfers, ignore_index=True)
+    withdrawn = withdrawn_claims(profile, s.model, dtype_name(model.dtype))
+    if len(withdrawn):
+        found["withdrawn"] = withdrawn
     return found
+
+
+def validation_text(v: pd.DataFrame) -> str:
+    """The validation's reading, led by the comparison with the unmodified model (a row of the table)."""
+    finals = v[v["candidate"] != "unmodified"]
+    c, beating = finals[finals["chosen"]].iloc[0], int(finals["beats_unmodified"].sum())
+    n, unmodified = int(c["validation_records"]), float(c["validation_unmodified"])
+    lead = (f"**The search found nothing better than the unmodified model on validation**: none of the {len(finals)} finalists "
+            f"beats its {unmodified:.3f} ({n} validation records; the best, seed {int(c['seed'])} rank {int(c['rank'])}, scores "
+            f"{c['validation']:.3f}). The test below still runs the paper's protocol on that finalist, labelled as such."
+            if not beating else
+            f"**Validation**: {beating} of the {len(finals)} finalists beat the unmodified model's {unmodified:.3f} ({n} "
+            f"validation records); the chosen one (seed {int(c['seed'])}, rank {int(c['rank'])}) scores {c['validation']:.3f}.")
+    return (f"- {lead} Its mean scale is {np.mean(json.loads(c['scales'])):.3f} (its PI twin's). The paper's GA starts every "
+            "curve at 1.5 (Eq. 8) and never scores the identity, so the unmodified model enters as a validation candidate. "
+            "The chosen curve's validation score is optimistic: the best of the finalists on these same records.")
 
 
 def conclusion(found: dict, profile: str) -> str:
@@ -561,7 +601,8 @@ def conclusion(found: dict, profile: str) -> str:
     s = named_profile(profile).lpes_at_power
     lines = [f"- **Setting**: {s.model}, {dtype_name(resolve_dtype(s.dtype))}, MDQA-20 ({s.items or 20} documents): search on "
              f"{s.search_records} records of the split's search part, validation on {s.validation_records} of its validation "
-             "part, the test on its test part (n per claim below)."]
+             "part, the test on its test part (n per claim below). Intervals: 95 %, clustered by record, unadjusted; "
+             "each verdict comes from the Holm-adjusted test."]
     if "convergence" in found:
         conv = found["convergence"]
         for r in conv.loc[conv.groupby(["space", "seed"], sort=False)["generation"].idxmax()].itertuples():
@@ -571,11 +612,7 @@ def conclusion(found: dict, profile: str) -> str:
                          f"same {s.search_records} search records ({r.best - r.unmodified:+.3f}; the GA's objective on a fixed "
                          "set: no interval, the verdicts are the test's).")
     if "validation" in found:
-        v = found["validation"]
-        c = v[v["chosen"]].iloc[0]
-        lines.append(f"- **Validation** ({int(c['validation_records'])} records, {len(v)} finalists): the chosen curve (seed "
-                     f"{int(c['seed'])}, rank {int(c['rank'])}) scores {c['validation']:.3f} against the unmodified model's "
-                     f"{c['validation_unmodified']:.3f}; mean scale {np.mean(json.loads(c['scales'])):.3f} (its PI twin's).")
+        lines.insert(0, validation_text(found["validation"]))
     for r in found.get("claims", pd.DataFrame()).itertuples():
         paper = "" if np.isnan(r.paper_points) else f" (the paper {r.paper_points:+.1f})"  # else the verdict says so
         mde = f"MDE {r.mde_points:.1f}" if np.isfinite(r.mde_points) else "no MDE (no record differs)"
@@ -589,7 +626,7 @@ def conclusion(found: dict, profile: str) -> str:
             lines.append(f"- *Length check, {r.method} − {r.reference}* (accuracy on the first {SHORT_WORDS} words of the "
                          f"answer's first line): {100 * r.difference:+.1f} points [{100 * r.ci_low:+.1f}, {100 * r.ci_high:+.1f}], "
                          f"n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g}: "
-                         f"{r.verdict if r.verdict in ('higher', 'lower') else 'no difference'}.")
+                         f"{verdict_word(r.difference, r.ci_low, r.ci_high, r.p_holm, r.mde, unit=100, digits=1, suffix=' points')}.")
     if "families" in found:
         f = found["families"]
         for r in f[f["position"] == "average"].itertuples():
@@ -602,6 +639,11 @@ def conclusion(found: dict, profile: str) -> str:
         lines.append(f"- **Transfer, {r.method} − {r.reference}** (MDQA-20 test, accuracy averaged over the 5 gold positions): "
                      f"{r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = "
                      f"{r.p_holm:.3g}: **{r.verdict}**.")
+    for dataset, rows in found.get("withdrawn", pd.DataFrame(columns=["searched_on"])).groupby("searched_on", sort=False):
+        claims = "; ".join(f"{r.method} − {r.reference} {r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n}"
+                           for r in rows.itertuples())
+        lines.append(f"- **Withdrawn, the {dataset} transfer**: it {rows['reason'].iloc[0]}. What it had stored, not a result: "
+                     f"{claims}.")
     lines += [f"- *Not yet run*: {step}" for step in found["pending"]]
     return "\n".join(lines)
 

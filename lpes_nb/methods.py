@@ -65,6 +65,7 @@ class Method:
         return None
 
     def context(self, model, length: int, segments: list[list[int]] | None):
+        check_batch(length, segments)
         specs = self.specs(model, length, segments)
         if specs is None:
             return nullcontext()
@@ -205,6 +206,16 @@ CALIOPE_KINDS = ("moses", "hourglass", "decay")
 
 class WindowOverflow(ValueError):
     """A method would move positions past the model's trained window."""
+
+
+def check_batch(length, segments) -> None:
+    """What a method's context is entered for: the batch's ``length`` (an integer >= 1) and, per
+    prompt, its tokens' segments (None, or one list of non-negative integers per prompt)."""
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+        raise ValueError(f"a method's context needs the batch length, an integer >= 1, got {length!r}")
+    if segments is not None and (not isinstance(segments, (list, tuple)) or not all(
+            isinstance(s, (list, tuple)) and all(isinstance(t, (int, np.integer)) and t >= 0 for t in s) for s in segments)):
+        raise ValueError(f"segments must be None or one list of non-negative segment ids per prompt, got {segments!r}")
 
 
 @dataclass

@@ -16,6 +16,23 @@ _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
+def check_finite(df: pd.DataFrame, value: str, where: str, record: str = "sample", position: str = "position") -> None:
+    """Refuse a table whose ``value`` holds a NaN or an infinity, naming the first such record and
+    position: a mean over the rest, or an infinite estimate, would be a number about other records."""
+    values = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        at = ", ".join(f"{c} {_plain(df[c].iloc[first])!r}" for c in (record, position) if c in df) or f"row {df.index[first]!r}"
+        raise ValueError(f"{where}: {int(bad.sum())} non-finite {value!r} value(s) (first: {float(values[first])!r} at {at}); "
+                         "every record must be scored at every position")
+
+
+def _plain(value):
+    """A numpy scalar as the Python number it holds (a message names 1, not np.int64(1))."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def normalize_answer(text: str) -> str:
     """SQuAD normalisation: lower-case, drop punctuation, drop a/an/the, collapse whitespace."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)

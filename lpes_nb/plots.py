@@ -190,8 +190,12 @@ def difference_intervals(diffs: pd.DataFrame, title: str):
         mde = d["mde_80"].median()
         a.axvspan(-mde, mde, color="0.88", zorder=0)
         a.axvline(0, color="k", lw=0.8)
-        a.errorbar(d["difference"], y, xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
+        same = d["identical"].to_numpy(dtype=bool) if "identical" in d else np.zeros(len(d), dtype=bool)
+        a.errorbar(d["difference"][~same], y[~same], xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]])[:, ~same],
                    fmt="o", capsize=3, color="#0072B2")
+        a.plot(d["difference"][same], y[same], "D", color="0.45", label="identical to the reference (no interval)")
+        if same.any():
+            a.legend(loc="lower right", fontsize=7)
         a.set_yticks(y, d["method"])
         a.invert_yaxis()
         a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)\n"
@@ -232,13 +236,14 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
     return fig
 
 
-def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: pd.DataFrame, title: str,
+def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: pd.DataFrame | None, title: str,
                 papers: pd.DataFrame | None = None):
     """One record cell of the map: (a) accuracy (%) by relative gold position with Wilson 95 %
     intervals, the closed-book and oracle accuracy as bands, and the papers' curves beside (``papers``:
     rows of ``position_map.paper_curves``, one curve per ``label``); (b) and
     (c) each position's paired difference to the mean of the two ends (accuracy in points, gold
-    log-probability in nats) with record-clustered 95 % intervals; below zero is a lost middle."""
+    log-probability in nats; ``to_ends_logprob`` None where the cell's gold scores are withdrawn) with
+    record-clustered 95 % intervals; below zero is a lost middle."""
     fig, axes = plt.subplots(1, 3, figsize=(11.5, 4.4))
     docs = summary[summary["relative_position"].notna()].sort_values("relative_position")  # closed-book / oracle have none
     x = docs["relative_position"]
@@ -261,6 +266,11 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7.5)  # below: the curves use the height
     for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
         scale = 100 if unit.startswith("accuracy") else 1
+        if d is None:
+            a.text(0.5, 0.5, "gold log-prob withdrawn:\nscored without the\nquotes the model writes", ha="center",
+                   va="center", transform=a.transAxes)
+            a.set_xticks([]), a.set_yticks([])
+            continue
         a.axhline(0, color="k", lw=0.8)
         intervals(a, d["relative_position"], scale * d["difference"], scale * d["ci_low"], scale * d["ci_high"])
         a.set_xlabel("relative gold position")

@@ -10,18 +10,22 @@ accuracies keeps. Per cell, per record r:
 Each contrast: the mean over records, a 95 % interval clustered by record (one difference per record:
 a t interval on the differences; for a 0/1 outcome the two-position contrasts take Newcombe's paired
 Wilson interval, never of zero width), the minimum detectable effect at 80 % power (two-sided, α =
-0.05: 2.80 · SE), and a two-sided p. The ends−middle p of every gated cell is Holm-adjusted over the
-family (``gate``). Verdicts:
+0.05: 2.80 · SE), and a two-sided p. Every contrast's p is Holm-adjusted over the family of gated
+cells (``gate``: ``p_holm`` for ends − middle, ``<contrast>_p_holm`` for the others), and every shape
+word comes from the adjusted tests alone (the intervals printed beside them are unadjusted, and say so):
 
-* ``U``: ends − middle > 0 after Holm, and each end clearly above the middle (its own interval);
-* ``primacy`` / ``recency``: ends − middle > 0 after Holm but only one end clearly above the middle,
-  or ends − middle not significant while first − last is (the curve falls or rises monotonically);
-* ``U (the ends jointly …)``: ends − middle > 0 after Holm, neither end alone clear of the middle;
+* ``U``: ends − middle > 0 after Holm, and each end above the middle after Holm;
+* ``primacy`` / ``recency``: ends − middle > 0 after Holm but only one end above the middle after
+  Holm, or ends − middle not significant while first − last is after Holm (a monotone curve);
+* ``U (the ends jointly …)``: ends − middle > 0 after Holm, neither end alone above the middle;
 * ``inverted``: ends − middle < 0 after Holm;
-* ``no deficit at MDE x``: nothing significant; a negative is stated with the smallest effect it
-  could have seen;
+* ``no deficit at MDE x``: nothing significant after Holm; a negative is stated with the smallest
+  effect it could have seen;
 * ``undetermined``: every record has the same difference (all right or all wrong everywhere): no
   variance, no test.
+
+Method comparisons (:func:`method_differences`) and every other paired verdict take their word from
+:func:`verdict_word`: the one rule of the workbook.
 
 The same pairing compares methods (:func:`method_differences`): a method and a reference answered
 the same records at the same gold positions, so each record carries its own difference.
@@ -34,7 +38,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from .metrics import is_binary, minimum_detectable_effect, proportion_ci
+from .metrics import check_finite, is_binary, minimum_detectable_effect, proportion_ci
 
 CONTRASTS = {
     "ends_minus_middle": lambda f, m, l: (f + l) / 2 - m,
@@ -59,6 +63,7 @@ def paired_wide(cell: pd.DataFrame, value: str = "correct", record: str = "recor
             raise ValueError(f"the cell has no {name} position {where} (positions: {sorted(found)}); the gate needs "
                              "first, middle and last")
     picked = cell[cell[position].round(6).isin({round(first, 6), round(middle, 6), round(last, 6)})]
+    check_finite(picked, value, "the position gate", record, position)
     if picked.duplicated([record, position]).any():
         raise ValueError("a record appears twice at one position: the gate takes one outcome per record and position")
     wide = picked.pivot(index=record, columns=position, values=value)
@@ -131,16 +136,32 @@ def _paired_test(d: np.ndarray, pair: tuple[np.ndarray, np.ndarray] | None, no_v
     return (se, *no_variance, 1.0)
 
 
+def verdict_word(difference: float, ci_low: float, ci_high: float, p_holm: float, mde: float, alpha: float = 0.05,
+                 unit: float = 1.0, digits: int = 3, suffix: str = "") -> str:
+    """The workbook's one verdict rule for a paired difference: ``higher`` / ``lower`` where the
+    Holm-adjusted p < ``alpha``; else ``no difference at MDE x`` (x in ``unit`` with ``digits``
+    decimals and ``suffix``), saying why where the unadjusted 95 % interval printed beside it excludes
+    0 (only Holm keeps it from a verdict); ``undetermined`` where no record differs (no MDE)."""
+    if not np.isfinite(mde):
+        return "undetermined: no record differs"
+    if p_holm < alpha:
+        return "higher" if difference > 0 else "lower"
+    word = f"no difference at MDE {unit * mde:.{digits}f}{suffix}"
+    if ci_low > 0 or ci_high < 0:
+        word += f" (after Holm, p = {p_holm:.2g}; the unadjusted interval excludes 0)"
+    return word
+
+
 def verdict(row: dict, alpha: float = 0.05) -> str:
-    """The shape of one gated cell from its contrasts (see the module docstring)."""
+    """The shape of one gated cell from its Holm-adjusted contrasts (see the module docstring)."""
     if not np.isfinite(row["ends_minus_middle_mde"]):
         return "undetermined: every record has the same difference (ceiling or floor)"
 
-    def above(name):  # this end clearly above the middle (its own 95 % interval)
-        return row[f"{name}_ci_low"] > 0
+    def above(name):  # this end above the middle after Holm
+        return row[f"{name}_p_holm"] < alpha and row[name] > 0
 
     significant = row["p_holm"] < alpha
-    first_last_clear = row["first_minus_last_ci_low"] > 0 or row["first_minus_last_ci_high"] < 0
+    first_last_clear = row["first_minus_last_p_holm"] < alpha
     if significant and row["ends_minus_middle"] < 0:
         return "inverted"
     if significant:
@@ -169,6 +190,9 @@ def gate(cells: dict[str, pd.DataFrame], value: str = "correct", alpha: float = 
         rows.append(row)
     out = pd.DataFrame(rows)
     out["p_holm"] = multipletests(out["ends_minus_middle_p"], method="holm")[1]
+    for name in CONTRASTS:
+        if name != "ends_minus_middle":
+            out[f"{name}_p_holm"] = multipletests(out[f"{name}_p"], method="holm")[1]
     out["verdict"] = [verdict(r, alpha) for r in out.to_dict(orient="records")]
     return out
 
@@ -220,6 +244,7 @@ def method_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "corr
                     raise ValueError(f"{name}: no column {col!r} (columns: {list(cell.columns)})")
             if cell.duplicated([record, position]).any():
                 raise ValueError(f"{name}: a record appears twice at one position")
+            check_finite(cell, value, name, record, position)
             wide[name] = cell.pivot(index=record, columns=position, values=value).sort_index().sort_index(axis=1).astype(float)
         a, b = wide[method], wide[reference]
         if on_method_records:
@@ -248,8 +273,6 @@ def method_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "corr
     for family in (out["position"] == "average", out["position"] != "average"):
         if family.any():
             out.loc[family, "p_holm"] = multipletests(out.loc[family, "p"], method="holm")[1]
-    out["verdict"] = [("higher" if r.difference > 0 else "lower") if r.p_holm < alpha else
-                      (f"no difference at MDE {r.mde:.3f}" if np.isfinite(r.mde) else "undetermined: no record differs")
-                      for r in out.itertuples()]
+    out["verdict"] = [verdict_word(r.difference, r.ci_low, r.ci_high, r.p_holm, r.mde, alpha) for r in out.itertuples()]
     return out
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .benchmarks import method_key
 from .data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
 from .distributed import distributed_fitness
-from .evaluate import encode, evaluate_samples
+from .evaluate import encode, evaluate_samples, gold_scores
 from .fitness import relative_positions
 from .methods import Method
 from .metrics import proportion_ci, u_shape_rho
@@ -34,7 +34,7 @@ from .models import dtype_name, load_model, load_tokenizer, model_key, resolve_d
 from .position_gate import gate
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
-from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig
+from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig, scoring_key
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents
@@ -95,10 +95,12 @@ def record_settings(task: str, batch_size: int) -> EvalSettings:
 
 
 def record_table(model_name: str, dtype: str, task: str, items: int, batch_size: int, profile: str,
-                 prefill_chunk: int | None = None, model=None, method: Method | None = None) -> RecordTable:
+                 prefill_chunk: int | None = None, model=None, method: Method | None = None,
+                 gold_withdrawn: bool = False) -> RecordTable:
     """Where the map's rows of one model, dtype, task and size live, record by record (``model``:
     ``model_name`` loaded in ``dtype``, where the caller holds it; else it is loaded for its key);
-    with ``method``, the same cell under that method (None: the unmodified model, the map itself)."""
+    with ``method``, the same cell under that method (None: the unmodified model, the map itself);
+    ``gold_withdrawn``: the key a KV cell had before its answer forms (:class:`RecordCell`)."""
     settings = record_settings(task, batch_size)
     positions = list(at_positions(TaskConfig(task, items)).positions)
     if task == "mdqa":
@@ -106,7 +108,7 @@ def record_table(model_name: str, dtype: str, task: str, items: int, batch_size:
                   "conditions": ["documents", "closed_book", "oracle"]}
     else:
         params = {**model_key(model_name, model, dtype), "task": task, "num_pairs": items, "positions": positions,
-                  "conditions": [POSITIONAL[task]], "key_format": "uuid"}
+                  "conditions": [POSITIONAL[task]], "key_format": "uuid", **({} if gold_withdrawn else scoring_key([task]))}
     params |= {"max_new_tokens": settings.max_new_tokens, "stop_at_newline": settings.stop_at_newline, "batch_size": batch_size,
                "shared_prefix": True, "gold_logprob": True, "version": RECORDS_VERSION}
     if prefill_chunk is not None:  # the cells stored before pieces existed keep their keys
@@ -144,6 +146,35 @@ def record_rows(model, tokenizer, task: str, record: dict, record_id: int, items
     return df.to_dict(orient="records")
 
 
+def rescore_cell(model, tokenizer, model_name: str, dtype: str, task: str, items: int, records, batch_size: int, profile: str,
+                 prefill_chunk: int | None = None, progress: bool = True, data_dir=None) -> pd.DataFrame:
+    """A KV cell stored before its task's answer forms (:class:`~lpes_nb.profiles.RecordCell`'s
+    ``gold_withdrawn``), carried to the key of a cell computed now: each record's stored answers (greedy
+    decoding does not depend on the target) with its gold columns scored again under the written forms
+    (:func:`lpes_nb.evaluate.gold_scores`: the shared path's own scoring), appended record by record
+    (resumable). Records the old cell lacks are refused; records the new cell holds are not redone."""
+    old = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model, gold_withdrawn=True)
+    new = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model)
+    if new.path == old.path:
+        raise ValueError(f"the {task} task scores its answers as given (no answer_forms of its own): the stored cell's gold "
+                         "columns are what a fresh cell computes, nothing to re-score")
+    records, stored = [int(r) for r in records], old.done()
+    lacking = sorted(set(records) - stored)
+    if lacking:
+        raise ValueError(f"{task}-{items}: record(s) {lacking[:5]} are not in {old.path.name}: compute them with record_cell")
+    todo = [r for r in records if r not in new.done()]
+    if todo:
+        will_compute("position_map_records (re-scored gold)", new.path)
+    data = load_records(task, items, data_dir)
+    for r in tqdm(todo, desc=f"{task}-{items}: gold re-scored, {model_name}", disable=not progress or not todo):
+        rows = old.frame([r]).to_dict(orient="records")
+        samples = [kv_sample(data[r], row["position"], r) for row in rows]
+        for row, (first, logprob) in zip(rows, gold_scores(model, tokenizer, samples, prefill_chunk)):
+            row.update(gold_first=float(first), gold_logprob=logprob)
+        new.append(r, rows)
+    return new.frame(records)
+
+
 def load_records(task: str, items: int, data_dir=None) -> list[dict]:
     """The real records of a record cell's task (MDQA: the 441 20-document records; KV: the file of ``items`` pairs)."""
     return load_mdqa(None, data_dir) if task == "mdqa" else load_kv(None, data_dir, items)
@@ -172,7 +203,8 @@ class RecordWorker:
 
 def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items: int, records, batch_size: int, profile: str,
                 progress: bool = True, data_dir=None, backend: str = "in-process", workers: int = 2,
-                ray_address: str | None = None, prefill_chunk: int | None = None, method: Method | None = None) -> pd.DataFrame:
+                ray_address: str | None = None, prefill_chunk: int | None = None, method: Method | None = None,
+                gold_withdrawn: bool = False) -> pd.DataFrame:
     """The map's cell of ``task`` (``"mdqa"`` with ``items`` documents, ``"kv"`` with ``items``
     pairs) on the given real records (ids into the file), each as :func:`record_rows`. Stored record
     by record as each finishes (resumable; records already stored are read, not recomputed).
@@ -180,15 +212,20 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
     the records over ``workers`` workers of the GA's backends (:mod:`lpes_nb.distributed`), each
     loading ``model_name`` once (``model`` may then be None); this process alone writes the store.
     ``prefill_chunk``: as :class:`~lpes_nb.profiles.RecordCell`'s (part of the cell's key).
-    ``method``: the cell under a method (:func:`record_rows`), stored apart from the map's."""
-    RecordCell(model_name, dtype, items, 1, task, prefill_chunk)  # validates task, items and chunk
-    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model, method)
+    ``method``: the cell under a method (:func:`record_rows`), stored apart from the map's.
+    ``gold_withdrawn``: read a cell stored before its task's answer forms (:class:`RecordCell`): its
+    gold columns come back empty (NaN), and records it lacks are refused, never computed."""
+    RecordCell(model_name, dtype, items, 1, task, prefill_chunk, gold_withdrawn)  # validates task, items, chunk
+    table = record_table(model_name, dtype, task, items, batch_size, profile, prefill_chunk, model, method, gold_withdrawn)
     records = [int(r) for r in records]
     done, data = table.done(), load_records(task, items, data_dir)
     bad = [r for r in records if not 0 <= r < len(data)]
     if bad:
         raise ValueError(f"{task} record ids must be in [0, {len(data) - 1}], got {bad[:5]}")
     todo = [r for r in records if r not in done]
+    if todo and gold_withdrawn:
+        raise ValueError(f"{task}-{items}: {len(todo)} record(s) (first: {todo[0]}) are not in {table.path.name}, a cell stored "
+                         "before the KV answer forms; it is read, never extended: compute the cell without gold_withdrawn")
     if todo:
         will_compute("position_map_records", table.path)
     with ExitStack() as stack:
@@ -202,7 +239,8 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
         for r, rows in tqdm(zip(todo, results), total=len(todo), desc=f"{task}-{items} records, {model_name}",
                             disable=not progress or not todo):
             table.append(r, rows)
-    return table.frame(records)
+    frame = table.frame(records)
+    return frame.assign(gold_logprob=np.nan, gold_first=np.nan) if gold_withdrawn else frame
 
 
 def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> dict[str, pd.DataFrame]:
@@ -216,7 +254,7 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
             loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
         model, tokenizer = loaded[(cell.model, dtype)]
         frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
-                            progress, prefill_chunk=cell.prefill_chunk)
+                            progress, prefill_chunk=cell.prefill_chunk, gold_withdrawn=cell.gold_withdrawn)
         out[cell.name] = frame.assign(model=cell.model, dtype=dtype)
     return out
 
@@ -288,13 +326,17 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
         return f"{100 * v:.1f}"
 
     def gate_text(value: str, unit: float, name: str) -> str:
+        if value not in gated.index:
+            return (f"{name}: **withdrawn** (scored the value without the quotes the model writes, before the task "
+                    "declared its answer forms; to be re-scored)")
         r = gated.loc[value]
         if not np.isfinite(r["ends_minus_middle_mde"]):
             return f"{name}: every record has the same difference at the first, middle and last position → **{r['verdict']}**"
         return (f"{name}: ends − middle {unit * r['ends_minus_middle']:+.2f} [{unit * r['ends_minus_middle_ci_low']:+.2f}, "
                 f"{unit * r['ends_minus_middle_ci_high']:+.2f}], MDE {unit * r['ends_minus_middle_mde']:.2f}, "
                 f"first − last {unit * r['first_minus_last']:+.2f} [{unit * r['first_minus_last_ci_low']:+.2f}, "
-                f"{unit * r['first_minus_last_ci_high']:+.2f}], Holm p = {r['p_holm']:.2g} → **{r['verdict']}**")
+                f"{unit * r['first_minus_last_ci_high']:+.2f}] (Holm p {r['first_minus_last_p_holm']:.2g}), ends − middle Holm p = "
+                f"{r['p_holm']:.2g} → **{r['verdict']}**")
 
     ours = gated.loc["correct", "verdict"]
     claim = ("reproduced" if ours.startswith("U") else
@@ -309,6 +351,7 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
              + (f"; closed-book {pct(other.loc['closed_book', 'accuracy'])} %, oracle {pct(other.loc['oracle', 'accuracy'])} %."
                 if cell.task == "mdqa" else ".")]
     return "\n".join(lines + [
+        "- Intervals: 95 %, paired by record, unadjusted; each shape word comes from the Holm-adjusted tests.",
         f"- {gate_text('correct', 100, 'accuracy (points)')}.",
         f"- {gate_text('gold_logprob', 1, 'gold log-probability (nats)')}.",
     ] + [f"- {label} (no intervals): {' / '.join(f'{a:.1f}' for a in curve['accuracy_percent'])} %, "
@@ -341,12 +384,14 @@ def map_conclusion(table: pd.DataFrame, deficits: pd.DataFrame, windows: dict[st
                 p = "< 0.001" if g["p_holm"] < 0.001 else f"= {g['p_holm']:.2g}"
                 shape = "no deficit" if g["verdict"].startswith("no deficit") else g["verdict"]
                 text = (f"{curve}; ends − middle {100 * g['ends_minus_middle']:+.1f} points [{100 * g['ends_minus_middle_ci_low']:+.1f}, "
-                        f"{100 * g['ends_minus_middle_ci_high']:+.1f}], MDE {100 * g['ends_minus_middle_mde']:.1f}, Holm p {p} → **{shape}**")
+                        f"{100 * g['ends_minus_middle_ci_high']:+.1f}], MDE {100 * g['ends_minus_middle_mde']:.1f}, Holm p {p} "
+                        f"(first − last: Holm p {g['first_minus_last_p_holm']:.2g}) → **{shape}**")
             elsewhere = cell.loc[cell["relative_position"] > 0, "copies_first"].mean()
             if elsewhere >= 0.5:  # most answers hold the first item whatever the gold position
                 text += (f"; {100 * elsewhere:.0f} % of the answers with the gold item elsewhere hold the first item's "
                          "text: position 0 is copying, not retrieval")
             lines.append(text + ".")
+    lines.append("\nIntervals: 95 %, paired by record, unadjusted; each shape word comes from the Holm-adjusted tests.")
     lines.append("\n**The search** " + ("did not run: the paired gate calls no fixed-n cell a U on accuracy."
                                       if chosen is None else
                                       f"ran in {chosen['model']} {chosen['task']}-{chosen['num_items']} ({chosen['verdict']})."))
@@ -399,11 +444,14 @@ def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = N
     """The paired gate (:mod:`lpes_nb.position_gate`) over the map: every stored fixed-n cell on
     accuracy, and every record-by-record cell (``record_cells``: name -> rows of
     :func:`record_cell`, positional rows) on accuracy and on the gold log-probability. Holm runs
-    over the cells of one score. Written to ``position_deficits.csv``."""
+    over the cells of one score; a cell whose gold columns are withdrawn (:class:`RecordCell`) is
+    gated on accuracy only. Written to ``position_deficits.csv``."""
     tables = [gate(stored_cells(profile)).assign(source=FIXED_CELLS)]
     if record_cells:
         docs = {name: positional_rows(df) for name, df in record_cells.items()}
-        tables += [gate(docs, value).assign(source=RECORD_CELLS) for value in ("correct", "gold_logprob")]
+        scored = {name: df for name, df in docs.items() if df["gold_logprob"].notna().all()}
+        tables += [gate(cells, value).assign(source=RECORD_CELLS) for value, cells in (("correct", docs), ("gold_logprob", scored))
+                   if cells]
     table = pd.concat(tables, ignore_index=True)
     write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
     return table
@@ -437,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
                         "records 0..N-1 (--model, --dtype, --docs; resumable)")
     parser.add_argument("--kv-records", type=int, metavar="N", help="instead: the record-by-record KV cell of the original "
                         "UUID file of --pairs pairs on records 0..N-1 (--model, --dtype; resumable)")
+    parser.add_argument("--rescore", action="store_true", help="with --kv-records: carry the KV cell stored before the "
+                        "answer forms to a cell of today's key, its answers kept and its gold scores computed again")
     parser.add_argument("--pairs", type=int, default=75, choices=sorted(KV_FILES))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--docs", type=int, default=20)
@@ -457,6 +507,13 @@ def main(argv: list[str] | None = None) -> None:
         here = args.backend == "in-process"
         model, tokenizer = (load_model(name, dtype=args.dtype), load_tokenizer(name)) if here else (None, None)
         dtype = dtype_name(resolve_dtype(args.dtype))
+        if args.rescore:
+            if task != "kv" or not here:
+                parser.error("--rescore re-scores a KV cell in this process: give --kv-records N and no --backend")
+            df = rescore_cell(model, tokenizer, name, dtype, task, items, range(n), args.batch_size, args.profile,
+                              args.prefill_chunk)
+            print(df.groupby("position")[["correct", "gold_first", "gold_logprob"]].mean().round(3).to_string())
+            return
         df = record_cell(model, tokenizer, name, dtype, task, items, range(n), args.batch_size, args.profile,
                          backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                          prefill_chunk=args.prefill_chunk)

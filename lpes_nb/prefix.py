@@ -220,6 +220,9 @@ def prefill_many(model, groups: Sequence[Sequence[Sequence[int]]], extras=None, 
     the same prompt: MDQA's answer aliases) continues from that prompt's own keys and values, so only
     its last prompt token and its extra are computed. Call inside the method's context."""
     extras = extras or [[[] for _ in g] for g in groups]
+    if len(extras) != len(groups) or any(len(x) != len(g) for g, x in zip(groups, extras)):
+        raise ValueError(f"extras must hold one list of extra tokens per prompt of each group: {len(groups)} groups of "
+                         f"{[len(g) for g in groups]} prompts, got {len(extras)} groups of {[len(x) for x in extras]}")
     plans, source = [], {}  # source: a repeated prompt -> its first occurrence
     for g, group in enumerate(groups):
         first: dict[tuple, int] = {}

@@ -50,7 +50,11 @@ class RecordCell:
     with ``items`` documents (2-20; with closed-book and oracle answers) or the original UUID KV
     retrieval with ``items`` pairs (75 or 140), with the gold answer's log-probability;
     ``prefill_chunk``: continuations from the shared prefix in pieces of this many tokens
-    (:func:`lpes_nb.prefix._pieces`; None: one pass, as the cells stored before it)."""
+    (:func:`lpes_nb.prefix._pieces`; None: one pass, as the cells stored before it).
+    ``gold_withdrawn``: a KV cell stored before the task declared its answer forms
+    (:attr:`lpes_nb.tasks.Task.answer_forms`), whose gold log-probabilities scored the value without
+    the quotes every answer writes: its answers (accuracy) are read, its gold columns are withdrawn,
+    and it is never extended (a cell without the flag is computed anew under the written forms)."""
 
     model: str
     dtype: str
@@ -58,6 +62,7 @@ class RecordCell:
     n: int
     task: str = "mdqa"
     prefill_chunk: int | None = None
+    gold_withdrawn: bool = False
 
     def __post_init__(self):
         if self.task not in RECORD_TASKS:
@@ -70,6 +75,8 @@ class RecordCell:
         if not isinstance(self.n, int) or not 1 <= self.n <= most:
             raise ValueError(f"RecordCell.n must be an integer in [1, {most}] (the real {self.task} records), got {self.n!r}")
         check_chunk(self.prefill_chunk)
+        if self.gold_withdrawn and self.task != "kv":
+            raise ValueError(f"gold_withdrawn marks KV cells scored before the KV answer forms; {self.task} targets never changed")
 
     @property
     def name(self) -> str:
@@ -458,18 +465,18 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                          MapModel("qwen2.5-coder-0.5b", "bfloat16", lengths=(256, 512), mdqa_docs=(10,))),
                                  n=30,
                                  # the LPES paper's Qwen setting (MDQA with 20 documents, ~3k tokens of a 32k
-                                 # window) and its Vicuna layout (10 documents), record by record; only cells
-                                 # the store holds in full (the cached rerun computes nothing); grows to all
-                                 # 441 records and the KV cells as background runs finish
-                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=271),
+                                 # window) on all 441 records and its Vicuna layout (10 documents), record by
+                                 # record; only cells the store holds in full (the cached rerun computes nothing)
+                                 record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=441),
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=10, n=200),
                                                # ~2.2 min per record on 2 AMD EPYC cores with AVX512-BF16 (5.1k tokens
                                                # x 5 positions, 100 new tokens)
-                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=100, task="kv"),
+                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=100, task="kv",
+                                                          gold_withdrawn=True),
                                                # ~5 min per record there (9.5k tokens x 5 positions, continuations in
                                                # 512-token pieces)
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=60, task="kv",
-                                                          prefill_chunk=512))),
+                                                          prefill_chunk=512, gold_withdrawn=True))),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
         # SE it reached). Searches only where the paired gate calls a cell a U (notebook 9 prints which).

@@ -171,7 +171,10 @@ def read_scales(path: Path | str, num_layers: int | None = None, model: dict | N
         raise ValueError(f"{path} is not a scales JSON file: {err}") from None
     if not isinstance(payload, dict) or "scales" not in payload:
         raise ValueError(f"{path} has no 'scales' list")
-    scales = [float(s) for s in payload["scales"]]
+    listed = payload["scales"]
+    if not isinstance(listed, list) or not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in listed):
+        raise ValueError(f"{path}: 'scales' must be a list of numbers, one per layer, got {listed!r}")
+    scales = [float(s) for s in listed]
     stored = payload.get("model")
     if model is not None and isinstance(stored, dict):
         differ = [f"{k} {stored.get(k)!r} (here {model.get(k)!r})" for k in sorted(set(stored) | set(model)) if stored.get(k) != model.get(k)]
@@ -208,8 +211,10 @@ class RecordTable:
     line per finished record (its id and its rows), with the parameters beside it as JSON. The key
     holds everything that determines a record's rows but not how many records were asked for, so a
     cell grows from n = 200 to 441 by computing only the new records. Each line is appended and
-    synced as its record finishes: a job stopped at any moment resumes at the next record (a torn
-    last line is dropped)."""
+    synced as its record finishes, and the file is never rewritten: a job stopped at any moment
+    resumes at the next record. A torn last line (no final newline: an append killed midway) is set
+    aside into ``<file>.torn`` before the next append, and reported; any other line that is not a
+    record's JSON is damage, refused with its line number (never skipped with what follows it)."""
 
     def __init__(self, name: str, params: dict, profile: str):
         check_model_part(params)
@@ -219,15 +224,40 @@ class RecordTable:
         self.params_path = directory / f"{name}-{cache_key(**params)}.json"
 
     def _lines(self) -> list[dict]:
+        """The stored records' lines, each checked; a torn last line is left out (see the class)."""
         if not self.path.exists():
             return []
-        out = []
-        for line in self.path.read_text().splitlines():
+        lines = self.path.read_text().split("\n")
+        out, seen = [], set()
+        for number, line in enumerate(lines[:-1], 1):  # lines[-1]: after the last newline, "" unless torn
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # the torn tail of an interrupted append
-                break
+                entry = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{self.path}, line {number} of {len(lines) - 1}: not a record's JSON ({err.msg}); a damaged "
+                                 "line before the last is not an interrupted append: restore the file (git) or remove the "
+                                 "line by hand") from None
+            if not isinstance(entry, dict) or set(entry) != {"record", "rows"} or not isinstance(entry["rows"], list):
+                raise ValueError(f"{self.path}, line {number}: not a record line ({{'record': ..., 'rows': [...]}})")
+            if entry["record"] in seen:
+                raise ValueError(f"{self.path}, line {number}: record {entry['record']!r} is stored twice")
+            seen.add(entry["record"])
+            out.append(entry)
         return out
+
+    def _set_aside_torn_tail(self) -> None:
+        """Move a torn last line (bytes after the last newline) to ``<file>.torn`` and report it."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        cut = data.rfind(b"\n") + 1
+        if cut == len(data):
+            return
+        torn = self.path.with_name(self.path.name + ".torn")
+        with open(torn, "ab") as f:
+            f.write(data[cut:] + b"\n")
+        os.truncate(self.path, cut)
+        print(f"[results] {self.path.name}: set aside a torn last line ({len(data) - cut} bytes, an append that was "
+              f"interrupted) in {torn.name}; its record is computed again")
 
     def done(self) -> set:
         return {line["record"] for line in self._lines()}
@@ -235,9 +265,9 @@ class RecordTable:
     def append(self, record, rows: list[dict]) -> None:
         if not self.params_path.exists():
             write_json(self.params_path, self.params)
-        lines = self._lines()
-        if self.path.exists() and len(self.path.read_text().splitlines()) != len(lines):
-            atomic_write(self.path, "".join(json.dumps(l, sort_keys=True) + "\n" for l in lines))  # drop a torn tail
+        if record in self.done():  # also checks every stored line
+            raise ValueError(f"record {record!r} is stored in {self.path.name} already; a record is appended once")
+        self._set_aside_torn_tail()
         with open(self.path, "a") as f:
             f.write(json.dumps({"record": record, "rows": rows}, sort_keys=True, default=_plain) + "\n")
             f.flush()

@@ -183,20 +183,35 @@ class Task:
     """A kind of task: how a :class:`TaskConfig` builds its samples (at the given gold positions),
     whether a generated answer is correct (the task's metric), how the original evaluation generates
     (``answer_tokens`` new tokens; ``first_line``: judged on the answer's first line, else on all of
-    it), and ``item_text``: what of a context item an answer would hold if it copied that item instead
-    of retrieving the gold one (None where the context has no such items)."""
+    it), ``item_text``: what of a context item an answer would hold if it copied that item instead
+    of retrieving the gold one (None where the context has no such items), and ``answer_forms``: the
+    surface forms in which a model writes a gold answer after the prompt (format strings of the
+    answer), which score mode scores (:func:`lpes_nb.evaluate.answer_targets`)."""
 
     build: Callable[[TaskConfig, list[int], str | Path | None], list[Sample]]
     correct: Callable[[str, tuple[str, ...]], float]
     answer_tokens: int
     first_line: bool
     item_text: Callable[[Sample, int], str] | None = None
+    answer_forms: tuple[str, ...] = ("{}",)
+
+    def __post_init__(self):
+        if not self.answer_forms or any(f.count("{}") != 1 or not f.replace("{}", "x").strip() for f in self.answer_forms):
+            raise ValueError(f"answer_forms must be format strings holding the answer once ('{{}}'), got {self.answer_forms!r}")
+
+    def surface_forms(self, answer: str) -> tuple[str, ...]:
+        """Every way this task's answers are written, for one gold answer (deduplicated, in order)."""
+        return tuple(dict.fromkeys(f.format(answer) for f in self.answer_forms))
 
     def settings(self, batch_size: int = 8):
         """Generate-mode settings that judge this task as its original evaluation does."""
         return EvalSettings(mode="generate", max_new_tokens=self.answer_tokens, batch_size=batch_size,
                             stop_at_newline=self.first_line)
 
+
+# The opening quote only: Qwen's tokenizer merges a closing quote with the newlines after it ('"\n\n',
+# 83 of the 556 stored answers that start with the quoted value), so a closed form is not what it writes
+KV_WRITTEN_FORMS = ('"{}', "{}")
 
 TWO_FACT_GAP = 2  # filler sentences between the two facts of "two_fact_block", whatever the depth
 
@@ -209,6 +224,11 @@ ORIGINAL_ANSWER_TOKENS = 100
 # value anywhere in the answer (so a copy of the context can contain it: see copy_columns); passkey and
 # two-fact take the answer's first line (a number; the place that completes "The <object> is in the").
 TASKS: dict[str, Task] = {
+    # The prompt writes every value in quotes ('"key": "value"') and models answer either way: Qwen
+    # quotes every UUID value (800 of 800 stored answers), SmolLM2 mostly answers a 4-digit value bare.
+    # Score mode still scores the bare value only (issue #99: tests/test_answer_forms.py measures what
+    # that misses). The written forms are KV_WRITTEN_FORMS; they become the task's answer_forms together
+    # with the recomputation of every stored score-mode KV result, whose keys they change
     "kv": Task(_kv, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=32, first_line=False,
                item_text=_kv_value),
     "mdqa": Task(_mdqa, mdqa_correct, answer_tokens=100, first_line=True, item_text=_mdqa_title),
@@ -222,6 +242,14 @@ TASKS: dict[str, Task] = {
                            answer_tokens=16,
                            first_line=True),
 }
+
+
+def scoring_key(tasks) -> dict:
+    """The part of a result's key that says how score mode wrote the gold answers of ``tasks`` (task
+    names): the surface forms of those whose answers are not scored exactly as given; empty
+    otherwise, so that results of such tasks keep their keys."""
+    forms = {t: list(TASKS[t].answer_forms) for t in sorted(set(tasks)) if TASKS[t].answer_forms != ("{}",)}
+    return {"answer_forms": forms} if forms else {}
 
 
 def copy_columns(sample: Sample, prediction: str) -> dict[str, float]:

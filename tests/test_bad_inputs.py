@@ -56,6 +56,7 @@ def files(tmp_path_factory):
     (ckpt / "truncated.json").write_text('{"fingerprint": "ab')
     (ckpt / "other.json").write_text('{"something": 1}')
     (ckpt / "scales.json").write_text('{"scales": [1.5, NaN]}')
+    (ckpt / "scales_string.json").write_text('{"scales": "2222"}')
     made["ckpt"] = ckpt
     return made
 
@@ -205,6 +206,27 @@ CASES = {
     "map cell without middle": (lambda f: position_gate.gate({"kv-10": pd.DataFrame(
         [{"record": i, "relative_position": r, "correct": 1.0} for i in range(3) for r in (0.0, 1.0)])}),
         r"no middle position 0.5 \(positions: \[0.0, 1.0\]\); the gate needs first, middle and last"),
+    # issue #99's hidden cases
+    "fitness nan log-prob": (lambda f: fitness.weighted_fitness(pd.DataFrame(
+        {"sample": [0, 1, 0, 1, 0, 1], "position": [0, 0, 5, 5, 9, 9], "gold_logprob": [-1.0, float("nan"), -2, -2, -3, -3]}),
+        value="gold_logprob"), r"weighted_fitness: 1 non-finite 'gold_logprob' value\(s\) \(first: nan at sample 1, position 0\)"),
+    "gate -inf log-prob": (lambda f: position_gate.gate({"c": pd.DataFrame(
+        [{"record": i, "relative_position": r, "gold_logprob": -np.inf if (i, r) == (2, 0.5) else -1.0 - i * r}
+         for i in range(4) for r in (0.0, 0.5, 1.0)])}, "gold_logprob"),
+        r"the position gate: 1 non-finite 'gold_logprob' .* \(first: -inf at record 2, relative_position 0.5\)"),
+    "method differences nan": (lambda f: position_gate.method_differences({m: pd.DataFrame(
+        [{"sample": i, "position": p, "gold_logprob": float("nan") if (m, i) == ("a", 1) else -1.0} for i in range(3) for p in (0, 9)])
+        for m in ("a", "b")}, [("a", "b")], value="gold_logprob"), r"a: 2 non-finite 'gold_logprob' .* \(first: nan at sample 1"),
+    "load scales string": (lambda f: results.read_scales(f["ckpt"] / "scales_string.json"),
+                           r"'scales' must be a list of numbers, one per layer, got '2222'"),
+    "prefill extras mismatch": (lambda f: __import__("lpes_nb.prefix", fromlist=["x"]).prefill_many(
+        models.load_model("tiny-llama"), [[[1, 2, 3], [1, 2, 4]]], [[[5]]]),
+        r"one list of extra tokens per prompt of each group: 1 groups of \[2\] prompts, got 1 groups of \[1\]"),
+    "caliope length none": (lambda f: methods.Caliope().context(models.load_model("tiny-llama"), None, 10),
+                            r"the batch length, an integer >= 1, got None"),
+    "caliope segments int": (lambda f: methods.Caliope().context(models.load_model("tiny-llama"), 10, 10),
+                             r"segments must be None or one list of non-negative segment ids per prompt, got 10"),
+    "GA zero moves": (lambda f: GAConfig(mx=0, my=0), r"mx=0 and my=0 make every mutation a copy of its parent"),
     "caliope past the window": (lambda f: methods.Caliope("moses").specs(models.load_model("tiny-llama"), 64, [[0, 1, 2, 3]]),
                                 r"CALIOPE-Moses \(gap=10000\) .* trained window of 2048 positions"),
 }

@@ -208,3 +208,21 @@ def test_split_half_reliability_tells_signal_from_sampling_noise():
         split_half_reliability(_noisy_tables(np.linspace(0.1, 0.9, 15), records=3))
     with pytest.raises(ValueError, match="every halving of the 6 records gives every candidate the same 'correct'"):
         split_half_reliability([_candidate_table(0.5, lp, records=6) for lp in range(15)])
+
+
+def test_a_method_identical_to_its_reference_is_said_to_be_without_an_interval():
+    """Issue #99: Dynamic NTK inside the trained window changes nothing; its rows are the baseline's and
+    read "identical to the baseline", not a difference with an interval."""
+    from lpes_nb.fitness import difference_text, paired_fitness_difference
+
+    rows = [{"method": m, "sample": s, "position": p, "correct": float((s + p) % 3 == 0), "gold_logprob": -1.0 - s * 0.1 - p}
+            for m in ("baseline", "Dynamic NTK") for s in range(6) for p in (0, 4, 9)]
+    per_sample = pd.DataFrame(rows)
+    same = paired_fitness_difference(per_sample, "Dynamic NTK", "baseline")
+    assert same["identical"] and same["difference"] == 0
+    text = difference_text(same)
+    assert "identical to the baseline** (prompt inside the trained window" in text and "[" not in text
+    nudged = per_sample.assign(gold_logprob=per_sample["gold_logprob"].where(
+        (per_sample.method == "baseline") | (per_sample["sample"] != 2), -7.0))  # same answers, another log-prob
+    changed = paired_fitness_difference(nudged, "Dynamic NTK", "baseline")
+    assert not changed["identical"] and "identical" not in difference_text(changed)

@@ -136,3 +136,16 @@ def test_a_cut_off_latency_step_keeps_its_prompts_and_times_only_the_rest(tmp_pa
     assert sorted(set(times.prompt)) == [0, 1, 2] and len(times) == 18
     pd.testing.assert_frame_equal(times[times.prompt == 0].reset_index(drop=True), first)  # kept, not timed again
     assert json.loads((tmp_path / "latency.json").read_text())["result"]["prompts"] == 3
+
+
+def test_a_real_run_refuses_the_folder_of_a_dry_run(tmp_path):
+    """Issue #99: a real run in an earlier --dry run's folder reported the tiny-model results as done."""
+    dry, old = tmp_path / "dry", tmp_path / "old"
+    gpu_kit.check_mode(dry, True)
+    gpu_kit.check_mode(dry, True)  # the same mode resumes
+    with pytest.raises(ValueError, match=r"holds a --dry run \(tiny random models on the CPU\); this is a real run"):
+        gpu_kit.run_kit(dry, dry=False, steps=["carry"])
+    old.mkdir()  # a folder from before the mode was recorded: its finished steps name it
+    (old / "latency.json").write_text(json.dumps({"step": "latency", "dry": True}))
+    with pytest.raises(ValueError, match=r"holds a --dry run"):
+        gpu_kit.check_mode(old, False)

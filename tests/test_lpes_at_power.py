@@ -91,8 +91,19 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     finals = lpes_at_power.finalists(model, tokenizer, "tiny-llama", (0, 1), PLAN, top=2)
     assert list(finals["seed"]) == [0, 0, 1, 1] and finals.groupby("seed")["search_fitness"].is_monotonic_decreasing.all()
     table = lpes_at_power.validate(model, tokenizer, "tiny-llama", finals, PLAN, records=3, progress=False)
-    assert table["chosen"].sum() == 1 and table.loc[table.chosen, "validation"].iloc[0] == table["validation"].max()
+    finalists_only = table[table.candidate != "unmodified"]
+    assert table["chosen"].sum() == 1 and table.loc[table.chosen, "validation"].iloc[0] == finalists_only["validation"].max()
     assert (table["validation"] < 0).all() and table["validation_unmodified"].nunique() == 1
+    # the unmodified model is a candidate (the last row), and each finalist says whether it beats it
+    unmodified = table.iloc[-1]
+    assert unmodified["candidate"] == "unmodified" and json.loads(unmodified["scales"]) == [1.0] * model.config.num_hidden_layers
+    assert unmodified["validation"] == unmodified["validation_unmodified"] and not unmodified["chosen"]
+    assert list(finalists_only["beats_unmodified"]) == list(finalists_only["validation"] > unmodified["validation"])
+    lead = lpes_at_power.validation_text(table)
+    assert lead.startswith("- **The search found nothing better than the unmodified model on validation**" if not
+                           finalists_only["beats_unmodified"].any() else "- **Validation**: ")
+    losing = table.assign(validation=table["validation"].where(table.candidate == "unmodified", -1e9), beats_unmodified=False)
+    assert lpes_at_power.validation_text(losing).startswith("- **The search found nothing better than the unmodified model")
 
     chosen = json.loads(table.loc[table.chosen, "scales"].iloc[0])
     exported = json.loads(lpes_at_power.export_chosen(tmp_path / "chosen.json", table, model, "tiny-llama", PLAN).read_text())

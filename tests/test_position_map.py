@@ -1,5 +1,7 @@
 """The length × position map: cell sizing, the summary table, the middle-deficit criterion."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -178,3 +180,33 @@ def test_a_record_cell_under_a_method_is_stored_apart_with_the_gold_logprob_eith
     scored = position_map.evaluate_samples(model, tokenizer, samples, method, position_map.EvalSettings(mode="score"),
                                            progress=False, shared_prefix=False)
     np.testing.assert_allclose(scaled["gold_logprob"][:5], scored["gold_logprob"], atol=1e-4)
+
+
+def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fresh_cell_computes(tmp_path, monkeypatch):
+    """Issue #99: KV cells stored before the answer forms keep their answers, lose their gold columns
+    (withdrawn), are never extended; re-scoring carries them to today's key with exactly the gold
+    scores a fresh computation of that key stores (the same shared-prefix scoring)."""
+    from lpes_nb.data import data_dir
+    from lpes_nb.models import load_model, load_tokenizer
+
+    if not (data_dir() / "kv").is_dir():
+        pytest.skip("needs the real KV records (../shared/data)")
+    name, model, tokenizer = "paper-dry-llama", load_model("paper-dry-llama"), load_tokenizer("paper-dry-llama")
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "fresh"))
+    fresh = position_map.record_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
+    assert "answer_forms" in json.loads(position_map.record_table(name, "float32", "kv", 75, 4, "smoke").params_path.read_text())
+    # the same answers, stored under the key of before with the old target's gold columns
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "old"))
+    old = position_map.record_table(name, "float32", "kv", 75, 4, "smoke", gold_withdrawn=True)
+    for r, rows in fresh.groupby("sample"):
+        old.append(int(r), [{**row, "gold_logprob": -99.0, "gold_first": 0.0} for row in rows.to_dict(orient="records")])
+    read = position_map.record_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False,
+                                    gold_withdrawn=True)
+    assert read["gold_logprob"].isna().all() and list(read["prediction"]) == list(fresh["prediction"])
+    with pytest.raises(ValueError, match=r"kv-75: 1 record\(s\) \(first: 2\) .* is read, never extended"):
+        position_map.record_cell(model, tokenizer, name, "float32", "kv", 75, range(3), 4, "smoke", progress=False,
+                                 gold_withdrawn=True)
+    rescored = position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
+    pd.testing.assert_frame_equal(rescored, fresh)
+    with pytest.raises(ValueError, match=r"record\(s\) \[2\] are not in"):
+        position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(3), 4, "smoke", progress=False)

@@ -185,3 +185,46 @@ def test_migrate_store_rekeys_numpy_reprs_without_recomputing(tmp_path):
     (tmp_path / "bad-00000000000000000000.json").write_text(json.dumps({"m": "np.float64(1.0)"}))
     with pytest.raises(ValueError, match="hash to .* not to the key in its name"):
         migrate_store(tmp_path)
+
+
+def _table(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    table = results.RecordTable("t", {"x": 1}, "smoke")
+    for record in range(4):
+        table.append(record, [{"record": record, "correct": 1.0}])
+    return table
+
+
+def test_a_record_table_refuses_a_damaged_line_before_the_last_and_keeps_every_record(tmp_path, monkeypatch):
+    """Issue #99's data loss: a line torn in the middle used to drop every valid record after it, and
+    the next append rewrote the file without them. Now it is refused with its line number, and the
+    file is left as it was."""
+    table = _table(tmp_path, monkeypatch)
+    lines = table.path.read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:15] + "\n"
+    table.path.write_text("".join(lines))
+    before = table.path.read_bytes()
+    with pytest.raises(ValueError, match=r"line 2 of 4: not a record's JSON"):
+        table.done()
+    with pytest.raises(ValueError, match=r"line 2 of 4"):
+        table.append(9, [{"record": 9}])
+    assert table.path.read_bytes() == before  # nothing rewritten, nothing appended
+
+
+def test_a_torn_last_line_is_set_aside_reported_and_its_record_computed_again(tmp_path, monkeypatch, capsys):
+    table = _table(tmp_path, monkeypatch)
+    whole = table.path.read_bytes()
+    table.path.write_bytes(whole + b'{"record": 4, "rows": [{"rec')  # an append killed midway
+    assert table.done() == {0, 1, 2, 3}
+    table.append(4, [{"record": 4, "correct": 0.0}])
+    assert "set aside a torn last line" in capsys.readouterr().out
+    assert table.path.read_bytes().startswith(whole)  # appended, never rewritten
+    assert table.done() == {0, 1, 2, 3, 4}
+    assert table.path.with_name(table.path.name + ".torn").read_text() == '{"record": 4, "rows": [{"rec\n'
+    assert list(table.frame()["record"]) == [0, 1, 2, 3, 4]
+
+
+def test_a_record_is_appended_once(tmp_path, monkeypatch):
+    table = _table(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match=r"record 2 is stored in .* already"):
+        table.append(2, [{"record": 2}])
