@@ -1,6 +1,7 @@
 """The length × position map: cell sizing, the summary table, the middle-deficit criterion."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 from lpes_nb import position_map
 from lpes_nb.evaluate import encode
 from lpes_nb.profiles import RecordCell
+from lpes_nb.tasks import KV_WRITTEN_FORMS, TASKS
 
 
 def _cell(task, num_items, accuracies, n=30, tokens=500):
@@ -191,6 +193,7 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
 
     if not (data_dir() / "kv").is_dir():
         pytest.skip("needs the real KV records (../shared/data)")
+    monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=KV_WRITTEN_FORMS))  # as once they are on
     name, model, tokenizer = "paper-dry-llama", load_model("paper-dry-llama"), load_tokenizer("paper-dry-llama")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "fresh"))
     fresh = position_map.record_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
@@ -210,3 +213,7 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
     pd.testing.assert_frame_equal(rescored, fresh)
     with pytest.raises(ValueError, match=r"record\(s\) \[2\] are not in"):
         position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(3), 4, "smoke", progress=False)
+    monkeypatch.undo()  # the registry's bare target: a stored cell is what a fresh one computes
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "old"))
+    with pytest.raises(ValueError, match=r"scores its answers as given .* nothing to re-score"):
+        position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
