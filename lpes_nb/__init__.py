@@ -7,3 +7,12 @@ from .machine import ensure_bf16_safety
 ensure_bf16_safety()
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # the public API without loading torch at `import lpes_nb` (the bf16 decision above must come first)
+    if name == "apply":
+        from .stored_curve import apply
+
+        return apply
+    raise AttributeError(f"module 'lpes_nb' has no attribute {name!r}")

@@ -31,7 +31,7 @@ from .methods import (
 from .metrics import perplexity
 from .models import load_model, load_tokenizer
 from .moice import MoICE, router_digest
-from .results import cached_table
+from .results import cached_table, reading_only
 from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
 from .tasks import EvalSettings, TaskConfig, scoring_key
 from .timing import interleaved_times, ratio_to_baseline
@@ -136,7 +136,7 @@ def method_samples(model, tokenizer, samples: Sequence[Sample], methods: Mapping
     what is missing. ``pool``: workers (``distributed_fitness(SampleWorker(...), "processes" | "ray")``)
     that evaluate the missing tables record by record instead of ``model`` here."""
     tables = []
-    for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress):
+    for label, method in tqdm(methods.items(), desc=f"{name}: methods", disable=not progress or reading_only()):
         compute = ((lambda m=method: _on_workers(pool, samples, m, settings)) if pool is not None else
                    (lambda m=method: evaluate_samples(model, tokenizer, samples, method=m, settings=settings, progress=progress)))
         scored = scoring_key(s.task for s in samples) if settings.mode == "score" else {}

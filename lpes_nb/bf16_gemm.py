@@ -23,9 +23,11 @@ cached beside the bf16 probe; ``LPES_BF16_GEMM=native`` or ``=float32`` sets it 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -123,3 +125,9 @@ def route(model: nn.Module, decision: Decision | None = None) -> int:
 def routed(model: nn.Module) -> bool:
     """Whether ``model``'s linear layers compute bf16 through float32 GEMMs."""
     return any(isinstance(m, Float32GemmLinear) for m in model.modules())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lpes doctor``: what this machine decided (the CPU, whether bf16 is safe, the bf16 GEMM path)."""
+    argparse.ArgumentParser(prog="lpes doctor", description=main.__doc__.split(": ", 1)[1]).parse_args(argv)
+    print(json.dumps({"cpu": machine.describe_cpu(), "bf16_gemm": asdict(decide())}, indent=2, default=str))

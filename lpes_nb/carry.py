@@ -3,7 +3,7 @@ most ``part_mib`` MiB with a manifest of SHA-256 checksums (each part's and each
 other side verify every part, name any corrupted or missing one, and reassemble the files byte for
 byte.
 
-``python -m lpes_nb.carry pack OUT FILE_OR_DIR ...`` and ``python -m lpes_nb.carry unpack OUT DEST``.
+``lpes carry pack OUT FILE_OR_DIR ...`` and ``lpes carry unpack OUT DEST``.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def unpack(packed: Path | str, dest: Path | str) -> list[Path]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.carry", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lpes carry", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack")
     p.add_argument("out")
@@ -152,7 +152,3 @@ def main(argv=None):
         print(f"[carry] {len(m['files'])} files in {len(m['parts'])} parts under {args.out}")
     else:
         print(f"[carry] {len(unpack(args.packed, args.dest))} files verified and reassembled under {args.dest}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """What the ``paper`` profile costs on one GPU, from a measured dry run.
 
-``python -m lpes_nb.costs dry-run`` executes every notebook under the ``paper-dry`` profile (the
+``lpes costs dry-run`` executes every notebook under the ``paper-dry`` profile (the
 paper's lengths, batch sizes and studies on ``paper-dry-llama``, fewer samples and a smaller GA)
 with :mod:`lpes_nb.footprint` on, into an output folder of its own (nothing is read from the
 committed result store, so everything is measured), and copies the records to ``results/costs/``.
-``python -m lpes_nb.costs table`` turns the committed records into the cost table of the README.
+``lpes costs table`` turns the committed records into the cost table of docs/gpu.md.
 
 The model, per study:
 
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -349,9 +348,37 @@ def lpes_at_power_plan_here(p: Profile) -> tuple[pd.DataFrame, str | None]:
     return lpes_at_power_plan(p, cpu=report), report["cpu"]["cpu"]
 
 
+# the 1.5B's protocol (issue #101): the map's record cells as the 0.5B's, then LPES (Bézier) searched,
+# validated and tested against the baseline and its PI twin
+LARGER_MAP = (("mdqa-20", 441), ("kv-75", 100))
+LARGER_STAGES = ("search: GA", "validation", "test: baseline", "test: LPES", "test: PI")
+
+
+def larger_model_plan(p: Profile, cost: dict, report: dict) -> pd.DataFrame:
+    """CPU hours of the map and of LPES for the larger model of a record-cost measurement
+    (:func:`lpes_nb.throughput.record_cost` entry ``cost``, on one CPU): the map's records at their
+    measured seconds per record; each LPES stage at what :func:`lpes_at_power_plan` plans for profile
+    ``p``'s model (from the throughput ``report``'s per-prompt rates) times the measured 1.5B / 0.5B
+    per-record ratio on MDQA-20. The rates and the ratio come from the CPUs named in their files."""
+    small, large = list(cost["seconds"])[0], list(cost["seconds"])[-1]
+    if p.lpes_at_power.model != small:
+        raise ValueError(f"the record cost was measured against {small!r}, profile {p.name!r} plans {p.lpes_at_power.model!r}")
+    rows = [{"stage": f"map: {cell}", "model": large, "units": n, "unit": "record",
+             "cpu_hours": round(n * float(np.median(cost["seconds"][large][cell])) / 3600, 1),
+             "basis": f"measured seconds per record ({cost['cpu']['cpu']})"} for cell, n in LARGER_MAP]
+    ratio = cost["record_ratio"]["mdqa-20"]
+    plan = lpes_at_power_plan(p, cpu=report).set_index("stage")
+    for stage in LARGER_STAGES:
+        rows.append({"stage": stage, "model": large, "units": int(plan.loc[stage, "prompts"]), "unit": "prompt",
+                     "cpu_hours": round(float(plan.loc[stage, "cpu_hours"]) * ratio, 1),
+                     "basis": f"{small}'s planned hours ({report['cpu']['cpu']}) x the measured MDQA-20 ratio {ratio:.2f}"})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.costs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["dry-run", "memory", "table", "plan"])
+    parser = argparse.ArgumentParser(prog="lpes costs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["dry-run", "memory", "table", "plan", "larger-plan"],
+                        help="larger-plan: the 1.5B's map and LPES in CPU hours, from results/bench/record_cost.json")
     parser.add_argument("--profile", default="gpu", help="plan: the profile whose notebook to plan")
     parser.add_argument("--notebook", type=int, choices=(9, 10), default=9, help="plan: notebook 9 (map, regime search) or 10 (LPES at power)")
     parser.add_argument("--out", type=Path, default=Path("runs/paper-dry"), help="executed notebooks and store (dry-run)")
@@ -363,6 +390,13 @@ def main(argv: list[str] | None = None) -> None:
         measured = memory_scaling()
         write_csv(project_root() / COSTS_DIR / MEMORY_FILE, measured)
         print(memory_fit(measured).to_string(index=False))
+        return
+    if args.command == "larger-plan":
+        cost = json.loads((project_root() / "results" / "bench" / "record_cost.json").read_text())[-1]
+        plan = larger_model_plan(profile("cpu"), cost, load_throughput())
+        write_csv(project_root() / COSTS_DIR / f"{list(cost['seconds'])[-1]}_plan.csv", plan)
+        print(plan.to_string(index=False))
+        print(f"total: {plan.cpu_hours.sum():.0f} CPU hours")
         return
     if args.command == "plan":
         p = profile(args.profile)
@@ -376,7 +410,3 @@ def main(argv: list[str] | None = None) -> None:
         return
     table = write_table()
     print(table.to_string(index=False))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

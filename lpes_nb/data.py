@@ -1,8 +1,9 @@
 """Tasks as prompts: multi-document QA, key-value retrieval, passkey, two-fact QA, long text.
 
-Real data is read in place from the data directory (``data_dir=``, else ``$LPES_DATA_DIR``, else
-``../shared/data`` beside the project); synthetic tasks are generated from a seed. Prompts follow
-the lost-in-the-middle templates character for character.
+Real data is read from the data directory (``data_dir=``, else ``$LPES_DATA_DIR``, else the
+repository's ``data/``, which holds the files with their checksums and licences: ``data/README.md``);
+synthetic tasks are generated from a seed. Prompts follow the lost-in-the-middle templates character
+for character.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def data_dir(path: str | Path | None = None) -> Path:
         return Path(path)
     if "LPES_DATA_DIR" in os.environ:
         return Path(os.environ["LPES_DATA_DIR"])
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(__file__).resolve().parents[1] / "data"
 
 
 def _data_file(relative: str, path: str | Path | None) -> Path:

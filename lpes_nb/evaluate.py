@@ -16,7 +16,6 @@ Two ways to judge a sample:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -25,8 +24,7 @@ from tqdm.auto import tqdm
 
 from . import prefix
 from .data import Sample
-from .methods import Baseline, FixedSpecs, Method
-from .rope import RopeSpec
+from .methods import Baseline, Method
 from .tasks import TASKS, EvalSettings, copy_columns
 
 # --- tokenisation -------------------------------------------------------------------------------

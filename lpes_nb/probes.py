@@ -21,7 +21,7 @@ from .evaluate import evaluate_samples
 from .interventions import Interventions, Stop
 from .methods import FixedSpecs
 from .metrics import perplexity
-from .results import cached_table
+from .results import cached_table, reading_only
 from .rope import RopeSpec, find_rope_stack, rope_context
 from .tasks import EvalSettings
 
@@ -182,7 +182,7 @@ def per_window(name: str, params: dict, windows: Sequence[Sequence[int]], comput
     """``compute([window])`` on each window alone, each stored under its own key (a digest of the
     window's tokens), with a ``window`` column: the windows are the probe's independent units."""
     frames = []
-    for i, w in enumerate(tqdm(windows, desc=f"{name}, window by window", leave=False)):
+    for i, w in enumerate(tqdm(windows, desc=f"{name}, window by window", leave=False, disable=reading_only())):
         digest = hashlib.sha256(np.asarray(w, dtype=np.int64).tobytes()).hexdigest()[:16]
         frames.append(cached_table(name, {**params, "tokens": digest}, lambda: compute([list(w)]), profile).assign(window=i))
     return pd.concat(frames, ignore_index=True)

@@ -317,7 +317,7 @@ class LpesAtPower(_Checked):
     one's chosen curve tested on MDQA-20's test part with its PI twin on LPES's records (a cross-task transfer
     the paper does not report: its Table 2 carries MDQA-searched scales to ZeroSCROLLS and L-Eval).
     ``read_only``: the notebook reads what the store holds (the search's checkpoints, the validation
-    and test tables written by ``python -m lpes_nb.lpes_at_power``, hours of background CPU) and names
+    and test tables written by ``lpes lpes-at-power``, hours of background CPU) and names
     each step not yet run, computing nothing; otherwise it runs (or resumes) every step."""
 
     model: str
@@ -422,8 +422,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                   test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE", 2)),
                                   router=Training(steps=2, batch_size=2, lr=3e-3), items=5),
     ),
-    # SmolLM2 at 10 pairs: first / middle / last = 90 / 10 / 13 % (n = 30 each, score mode), the
-    # only size where middle and end are not ~0 while the prompt stays short (~160 tokens).
+    # SmolLM2 at 10 pairs: among the sizes where the middle and the end stay above the floor while the
+    # prompt stays short (~160 tokens); notebook 1 prints its accuracy by position (score mode).
     Profile(
         name="cpu", model="smollm2-135m", settings=EvalSettings(batch_size=8),
         search=TaskConfig("kv", 10, n=8, seed=1), test=TaskConfig("kv", 10, n=100, seed=2),
@@ -483,7 +483,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         regime_search=RegimeSearch(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
                                    search_n=100, test_n=200),
         # the LPES Qwen setting at a CPU budget (the plan: lpes_nb.lpes_at_power). Its steps are background
-        # runs of `python -m lpes_nb.lpes_at_power` over several sittings (a search evaluation 72-265 s by
+        # runs of `lpes lpes-at-power` over several sittings (a search evaluation 72-265 s by
         # CPU, measured in lpes_nb.lpes_at_power; the test thousands of ~3k-token prompts): the notebook
         # shows what they have stored
         lpes_at_power=LpesAtPower(model="qwen2.5-coder-0.5b", dtype="bfloat16",
@@ -543,7 +543,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 def _paper_dry(paper: Profile) -> Profile:
     """The ``paper`` profile's task sizes, sequence lengths, batch sizes, positions and studies on a
     random-weight Llama of Vicuna-7B-16k's structure at width 32 and depth 8 (``paper-dry-llama``): only
-    the samples per study and the GA budget are smaller. ``python -m lpes_nb.costs dry-run`` executes
+    the samples per study and the GA budget are smaller. ``lpes costs dry-run`` executes
     it and records what every study costs; the cost model scales that to the 7B model. Where memory
     is at stake the sample counts fill a batch of 16 at the longest prompts (KV calibration and test
     set at 75 pairs: 6 per position; the GA's search set at 50 pairs: 6; MDQA: 4 per position, 20
@@ -577,8 +577,8 @@ PROFILES["paper-dry"] = _paper_dry(PROFILES["paper"])
 # papers' Qwen rows sit at 2-8 % of a 130k window, which the record cell below covers) in bf16 with 100 records per cell and position, and the search
 # at the paper's GA budget in the regime with the largest deficit, a search set of 200 records per
 # position (MDQA: the 141 real records left after the test set's 300), the test set at the paper's
-# 500, two seeds, and the transfer KV <-> MDQA. ``python -m lpes_nb.costs plan --profile gpu`` gives
-# its cost before it starts (README).
+# 500, two seeds, and the transfer KV <-> MDQA. ``lpes costs plan --profile gpu`` gives
+# its cost before it starts (docs/gpu.md).
 PROFILES["gpu"] = replace(
     PROFILES["cpu"], name="gpu", settings=EvalSettings(batch_size=16),
     position_map=PositionMap(models=(MapModel("smollm2-135m", "bfloat16", lengths=(256, 512, 1024, 2048, 4096, 5120, 6144, 7168),

@@ -23,7 +23,7 @@ from .position_map import FIXED_CELLS
 from .profiles import PositionMap, RegimeSearch
 from .results import cached_table, output_dir, write_csv
 from .search import SearchRun, bezier_space, reference_fitness, run_search, scales_samples
-from .tasks import TASKS, TaskConfig
+from .tasks import TASKS
 
 TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
 

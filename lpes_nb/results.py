@@ -13,6 +13,7 @@ raises :class:`CacheMiss` naming the step, instead of recomputing (the published
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -60,10 +61,16 @@ def _canonical(value):
     return repr(value)
 
 
+def reading_only() -> bool:
+    """Whether this run may only read the store (``LPES_CACHED_ONLY=1``): it shows no progress bars,
+    there being no work to follow (a published notebook holds none)."""
+    return os.environ.get(CACHED_ONLY, "") not in ("", "0")
+
+
 def will_compute(step: str, where: Path | str) -> None:
     """Call right before an expensive step recomputes: refuses, naming the step, under
     ``LPES_CACHED_ONLY=1``, so a check of the published run never silently spends an hour."""
-    if os.environ.get(CACHED_ONLY, "") not in ("", "0"):
+    if reading_only():
         raise CacheMiss(
             f"step '{step}' is not in the result store (looked for {where}); {CACHED_ONLY} is set, so it is "
             "not recomputed. Rerun without it (scripts/run_all.sh) to compute and store it."
@@ -326,3 +333,15 @@ def rekey(directory: Path, name: str, old: str, params: dict) -> tuple[str, str]
         else:
             old_file.rename(target)
     return f"{name}-{old}", f"{name}-{new}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``lpes store migrate [DIR ...]``: :func:`migrate_store` on each folder (default: results/ and its profiles)."""
+    parser = argparse.ArgumentParser(prog="lpes store", description="Store maintenance.")
+    parser.add_argument("action", choices=["migrate"], help="migrate: re-key results whose parameters hold numpy reprs")
+    parser.add_argument("dirs", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    root = project_root() / "results"
+    for d in args.dirs or [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
+        for old, new in migrate_store(d):
+            print(f"{d}: {old} -> {new}")

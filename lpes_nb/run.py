@@ -1,4 +1,4 @@
-"""Run the numbered notebooks in order under papermill: ``python -m lpes_nb.run --profile cpu``.
+"""Run the numbered notebooks in order under papermill: ``lpes run --profile cpu``.
 
 Executed copies go to ``runs/<profile>/``; ``--publish`` copies them back over ``notebooks/`` (what
 is committed for readers is the ``cpu`` run). A failing cell stops the run with a message naming
@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import papermill
 
+from . import claims
 from .footprint import NOTEBOOK_ENV
 from .profiles import PROFILES
+from .results import PUBLISHED_PROFILE
 
 
 def discover(notebook_dir: Path) -> list[Path]:
@@ -75,6 +77,7 @@ def run(notebooks: list[Path], profile: str, out_dir: Path, parameters: dict | N
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PROGRESS_BAR = re.compile(r"\d+%\|.*\|")  # tqdm's text: "name:  40%|####      | 4/10 [...]"
 
 
 def clean_for_publish(path: Path) -> None:
@@ -99,7 +102,8 @@ def clean_for_publish(path: Path) -> None:
                 continue
             if WIDGET_VIEW in out.get("data", {}):
                 out["data"].pop(WIDGET_VIEW)
-                if not out["data"]:
+                # a progress bar's text fallback is a frozen bar, not a result (a cached-only rerun shows none)
+                if not out["data"] or PROGRESS_BAR.search("".join(out["data"].get("text/plain", ""))):
                     continue
             kept.append(out)
         cell.outputs = kept
@@ -114,7 +118,7 @@ def _literal(text: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lpes run", description=__doc__)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--only", nargs="+", help="run only these notebooks (number prefixes or names)")
     parser.add_argument("--from", dest="start", help="start at this notebook (number prefix or name)")
@@ -143,9 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         for t in timings:
             shutil.copyfile(out_dir / t["notebook"], args.notebooks / t["notebook"])
             clean_for_publish(args.notebooks / t["notebook"])
+        if args.profile == PUBLISHED_PROFILE:  # the ledger reads the tables the published run just stored
+            claims.main([])
     total = sum(t["seconds"] for t in timings)
     print(f"[run] all {len(timings)} notebooks done in {total:.0f} s; executed copies in {out_dir}/", flush=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -254,8 +254,8 @@ def conclusion(test_table: pd.DataFrame, diffs: pd.DataFrame, reference: pd.Data
     g = [float(v) for v in json.loads(gradient["scales"].iloc[0])]
     lines.append(f"\n**The gradient search**: answer loss {gradient['loss_first'].iloc[0]:.2f} → {gradient['loss_last'].iloc[0]:.2f} "
                  f"(mean of the first / last five steps), scales {min(g):.2f}–{max(g):.2f}.")
-    lines.append(f"\n**The ablations** (one short GA run each; the best scales on the first test records), search fitness → "
-                 f"test λ-score: " + "; ".join(f"{r['ablation']} {_short(r['setting'])}: {r['search_fitness']:.3f} → {r['test_fitness']:.3f}"
+    lines.append("\n**The ablations** (one short GA run each; the best scales on the first test records), search fitness → "
+                 "test λ-score: " + "; ".join(f"{r['ablation']} {_short(r['setting'])}: {r['search_fitness']:.3f} → {r['test_fitness']:.3f}"
                                                for _, r in ablations.iterrows()) + ".")
     here, paper = search_forwards(ga, task), search_forwards(paper_ga, paper_task)
     lines.append(f"\n**Budget.** Prompt-forwards of a search, population × (generations + 1) × search prompts: "

@@ -226,11 +226,10 @@ ORIGINAL_ANSWER_TOKENS = 100
 TASKS: dict[str, Task] = {
     # The prompt writes every value in quotes ('"key": "value"') and models answer either way: Qwen
     # quotes every UUID value (800 of 800 stored answers), SmolLM2 mostly answers a 4-digit value bare.
-    # Score mode still scores the bare value only (issue #99: tests/test_answer_forms.py measures what
-    # that misses). The written forms are KV_WRITTEN_FORMS; they become the task's answer_forms together
-    # with the recomputation of every stored score-mode KV result, whose keys they change
+    # Score mode scores both (issue #99): the bare value alone missed every quoted answer, measured in
+    # tests/test_answer_forms.py; the forms are part of every score-mode KV key (scoring_key)
     "kv": Task(_kv, lambda pred, answers: kv_correct(pred, answers[0]), answer_tokens=32, first_line=False,
-               item_text=_kv_value),
+               item_text=_kv_value, answer_forms=KV_WRITTEN_FORMS),
     "mdqa": Task(_mdqa, mdqa_correct, answer_tokens=100, first_line=True, item_text=_mdqa_title),
     "passkey": Task(_passkey, lambda pred, answers: passkey_correct(pred, answers[0]), answer_tokens=16, first_line=True),
     # the first layout: fact 1 at depth/2 and fact 2 at depth, so their distance grows with the depth

@@ -10,7 +10,11 @@
 * one fitness evaluation of the search (per-layer scales, score mode on the search's samples).
 
 Every timing names the CPU it came from (:func:`lpes_nb.machine.describe_cpu`).
-Run: ``python -m lpes_nb.throughput [--records 10] [--out results/bench/throughput.json] [--parts score-sweep generate-sweep fitness]``.
+Run: ``lpes throughput [--records 10] [--out results/bench/throughput.json] [--parts score-sweep generate-sweep fitness]``.
+
+:func:`record_cost` (``--record-cost``) times what one record of the map costs for two models of one
+family on the same records, interleaved in one run (``results/bench/record_cost.json``, one entry per
+CPU): the per-record cost ratio that plans a larger model's map and search.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from .data import load_mdqa, mdqa_sample
 from .evaluate import encode, evaluate_samples, plain_batches, record_groups
 from .lpes_at_power import PREFILL_CHUNK as LPES_AT_POWER_CHUNK
 from .machine import describe_cpu
+from .position_map import load_records, record_rows
 from .methods import lpes
-from .models import QWEN, load_model, load_tokenizer
+from .models import QWEN, QWEN_15B, load_model, load_tokenizer
 from .results import output_dir, write_json
 from .tasks import TASKS, EvalSettings, TaskConfig
 from .timing import interleaved_times, ratio_to_baseline
@@ -178,7 +183,7 @@ SLACK = 0.05
 
 def load(path: Path = STORED) -> dict:
     if not path.exists():
-        raise FileNotFoundError(f"no throughput measurement at {path}: run python -m lpes_nb.throughput (~40 min, machine to itself)")
+        raise FileNotFoundError(f"no throughput measurement at {path}: run lpes throughput (~40 min, machine to itself)")
     return json.loads(path.read_text())
 
 
@@ -217,12 +222,12 @@ def seconds_per_prompt(report: dict, model: str, dtype: str) -> dict[tuple[bool,
     if not has_rates(report, model, dtype):
         measured = sorted({(r["model"], r["dtype"]) for r in rows})
         raise ValueError(f"the throughput report's MDQA-20 sweeps ran {measured} on {report['cpu']['cpu']}; "
-                         f"no per-prompt rate for {model} {dtype}: measure it (python -m lpes_nb.throughput) on that model")
+                         f"no per-prompt rate for {model} {dtype}: measure it (lpes throughput) on that model")
     score = next((r for r in rows if r["mode"] == "score" and r.get("pieces") == LPES_AT_POWER_CHUNK), None)
     generate = next((r for r in rows if r["mode"] == "generate"), None)
     if score is None or generate is None:
         raise ValueError(f"the throughput report lacks the score sweep in {LPES_AT_POWER_CHUNK}-token pieces or the generate "
-                         "sweep: python -m lpes_nb.throughput --parts score-sweep generate-sweep")
+                         "sweep: lpes throughput --parts score-sweep generate-sweep")
     return {(shared, r["mode"]): (r["shared_s"] if shared else r["plain_s"]) / r["prompts"]
             for r in (score, generate) for shared in (True, False)}
 
@@ -315,15 +320,52 @@ def run(records: int = 10, lengths=(1024, 3072, 6144), out: Path | None = None, 
     return report
 
 
+# what a record of the map holds: MDQA-20 (5 gold positions + closed-book + oracle) and KV-75 (5 positions),
+# up to 100 new tokens each, batch 8, one pass (the 0.5B's cells)
+RECORD_CELLS = (("mdqa", 20), ("kv", 75))
+
+
+def record_cost(models=(QWEN, QWEN_15B), dtype: str = "bfloat16", records=(430, 431), out: Path | None = None,
+                tokens: int = 3072, cells=RECORD_CELLS) -> dict:
+    """Seconds per map record for each of ``models`` on the same ``records``, the models interleaved
+    record by record so that they share the machine's state; with each model's forward FLOPs at ``tokens`` tokens, whose ratio is what the
+    per-record ratio should approach. Stored per CPU in ``out`` (other CPUs' entries kept)."""
+    out = out or output_dir("results", "cpu") / "bench" / "record_cost.json"
+    loaded = {name: (load_model(name, dtype=dtype), load_tokenizer(name)) for name in models}
+    data = {task: load_records(task, items) for task, items in cells}
+    seconds = {name: {f"{task}-{items}": [] for task, items in cells} for name in models}
+    for task, items in cells:  # untimed: the first record of a shape pays for building its kernels
+        for model, tokenizer in loaded.values():
+            record_rows(model, tokenizer, task, data[task][records[0]], records[0], items, batch_size=8)
+    for r in records:
+        for task, items in cells:
+            for name, (model, tokenizer) in loaded.items():
+                start = time.perf_counter()
+                record_rows(model, tokenizer, task, data[task][r], r, items, batch_size=8)
+                seconds[name][f"{task}-{items}"].append(time.perf_counter() - start)
+                print(f"[record cost] {name} {task}-{items} record {r}: {seconds[name][f'{task}-{items}'][-1]:.1f} s", flush=True)
+    flops = {name: forward_flops(model, tokens) for name, (model, _) in loaded.items()}
+    small, large = models[0], models[-1]
+    entry = {"cpu": describe_cpu(), "torch_threads": torch.get_num_threads(), "dtype": dtype, "records": list(records),
+             "seconds": seconds, "forward_gflops": {n: f / 1e9 for n, f in flops.items()}, "forward_tokens": tokens,
+             "flop_ratio": flops[large] / flops[small],
+             "record_ratio": {cell: float(np.median(seconds[large][cell]) / np.median(seconds[small][cell])) for cell in seconds[large]}}
+    stored = json.loads(out.read_text()) if out.exists() else []
+    stored = [e for e in stored if (e["cpu"]["cpu"], e["dtype"]) != (entry["cpu"]["cpu"], dtype)] + [entry]
+    write_json(out, stored)
+    return entry
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m lpes_nb.throughput", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lpes throughput", description=__doc__)
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="measure only these; the others keep their stored values")
+    parser.add_argument("--record-cost", action="store_true",
+                        help=f"instead: seconds per map record, {QWEN} against {QWEN_15B} (results/bench/record_cost.json)")
     args = parser.parse_args(argv)
+    if args.record_cost:
+        print(json.dumps(record_cost(out=args.out)["record_ratio"], indent=2))
+        return
     run(args.records, out=args.out, parts=args.parts)
-
-
-if __name__ == "__main__":
-    main()

@@ -53,7 +53,7 @@ def backward_answer_nll(model, prompts: list[list[int]], targets: list[list[int]
     samples, each chunk's weighted loss scaled by its share of the weights: the same gradient (the
     weighted mean is the sum of those parts), with the activations of only ``micro_batch`` prompts
     kept for the backward pass at a time (a 7B model would keep ~418 GiB for 16 prompts of 5.5k
-    tokens, 26 GiB for one: README, "What the paper profile costs")."""
+    tokens, 26 GiB for one: docs/gpu.md, "What the paper profile costs")."""
     if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
         raise ValueError(f"micro_batch must be None (the whole batch) or an integer >= 1, got {micro_batch!r}")
     if micro_batch is None or micro_batch >= len(prompts):

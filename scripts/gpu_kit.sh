@@ -13,4 +13,4 @@ else
     PY=python
 fi
 cd "$ROOT"
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m lpes_nb.gpu_kit "$@"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m lpes_nb gpu-kit "$@"

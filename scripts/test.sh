@@ -3,7 +3,7 @@
 # the published `cpu` notebooks re-executed from the result store and compared in strict nbval mode,
 # then every notebook under the `smoke` profile, the GPU kit dry (notebook 9 under `gpu-dry` among it), and the unit tests.
 source "$(dirname "$0")/env.sh"
-python -m lpes_nb.models --prepare smollm2-135m qwen2.5-coder-0.5b   # converts the embedded models once (cached afterwards)
+lpes models --prepare smollm2-135m qwen2.5-coder-0.5b   # converts the embedded models once (cached afterwards)
 # the explorer's browser test drives Debian's chromium; install it where missing and possible
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)) >/dev/null 2>&1 \
@@ -27,7 +27,7 @@ fi
 #    stops at the first failing cell), into a fresh folder so every run recomputes instead of reading
 #    old results; then the unit tests.
 export LPES_OUTPUT_ROOT="$(mktemp -d)"
-python -m lpes_nb.run --profile smoke --out "$LPES_OUTPUT_ROOT/runs"
+lpes run --profile smoke --out "$LPES_OUTPUT_ROOT/runs"
 # 3. The GPU kit dry on tiny random models (carry, parity, latency, GA throughput, and as its regime
 #    step the `gpu` profile's notebook 9 under `gpu-dry`); the acceptance is under two minutes
 start=$SECONDS

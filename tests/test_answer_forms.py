@@ -29,21 +29,12 @@ def starts_with_a_target(tokenizer, text: str, targets: list[list[int]]) -> bool
     return any(ids[:len(t)] == t for t in targets)
 
 
-@pytest.fixture
-def written(monkeypatch):
-    """The task registry with KV's written forms (the quoted value, the bare value) as its answer forms."""
-    monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=KV_WRITTEN_FORMS))
-
-
-def test_a_task_declares_its_surface_forms_and_they_key_score_mode_results(written):
+def test_a_task_declares_its_surface_forms_and_they_key_score_mode_results():
+    assert TASKS["kv"].answer_forms == KV_WRITTEN_FORMS
     assert TASKS["kv"].surface_forms("7219") == ('"7219', "7219")
     assert TASKS["mdqa"].surface_forms("Paris") == ("Paris",)
     assert scoring_key(["kv", "mdqa"]) == {"answer_forms": {"kv": ['"{}', "{}"]}}
     assert scoring_key(["mdqa", "passkey"]) == {}  # tasks scored as given keep their stored keys
-
-
-def test_tasks_scored_as_given_keep_their_keys():
-    assert TASKS["kv"].answer_forms == ("{}",) and scoring_key(["kv", "mdqa"]) == {}
 
 
 @pytest.mark.parametrize("forms", [(), ("{}{}",), ("x",), ("{}", "  ")])
@@ -52,7 +43,7 @@ def test_answer_forms_are_checked(forms):
         Task(TASKS["kv"].build, TASKS["kv"].correct, 8, True, answer_forms=forms)
 
 
-def test_answer_targets_hold_every_form_of_every_alias_once(written):
+def test_answer_targets_hold_every_form_of_every_alias_once():
     tok = load_tokenizer(QWEN)
     kv = TaskConfig("kv", 4, n=1, positions=(0,)).samples()[0]
     assert answer_targets(tok, kv) == [target_ids(tok, '"' + kv.answers[0]), target_ids(tok, kv.answers[0])]
@@ -121,19 +112,20 @@ def agreement(model, tokenizer, cfg: TaskConfig, new_tokens: int) -> tuple[int, 
     return sum(g == c for g, c, _ in rows), len(rows), [r for r in rows if r[0] != r[1]]
 
 
-# the registry's KV target (the bare value) misses every quoted answer: Qwen quotes every UUID, and
-# SmolLM2 some digit values; under the written forms score mode counts every answer that writes the gold
+# the bare KV value as the only target (the registry's before issue #99) misses every quoted answer:
+# Qwen quotes every UUID, and SmolLM2 some digit values; under the registry's written forms score mode
+# counts every answer that writes the gold
 MISSED = {("smollm2", "kv-uuid"), ("smollm2", "kv-digits"), ("qwen", "kv-uuid"), ("qwen", "kv-digits")}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("forms", ["registry", "written"])
+@pytest.mark.parametrize("forms", ["bare", "registry"])
 @pytest.mark.parametrize("which", ["smollm2", "qwen"])
 @pytest.mark.parametrize("task", sorted(LIVE))
 def test_live_score_mode_counts_exactly_the_greedy_answers_that_write_the_gold(request, which, task, forms, monkeypatch):
-    if forms == "written":
-        monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=KV_WRITTEN_FORMS))
-    elif (which, task) in MISSED:
+    if forms == "bare":
+        monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=("{}",)))
+    if forms == "bare" and (which, task) in MISSED:
         request.applymarker(pytest.mark.xfail(strict=True, reason="issue #99: the bare KV target misses quoted answers"))
     model = request.getfixturevalue(which)
     tokenizer = load_tokenizer(QWEN) if which == "qwen" else load_tokenizer()

@@ -19,7 +19,6 @@ from lpes_nb import (
     metrics,
     models,
     position_gate,
-    position_map,
     probes,
     results,
     rope,

@@ -171,7 +171,7 @@ def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
 
 
 def test_committed_gpu_plan_is_what_the_code_computes():
-    """The README's cost table of the gpu profile comes from results/costs/gpu_notebook9_plan.csv."""
+    """The cost table of docs/gpu.md of the gpu profile comes from results/costs/gpu_notebook9_plan.csv."""
     from lpes_nb.costs import COSTS_DIR, notebook9_plan
     from lpes_nb.results import project_root
 
@@ -269,3 +269,21 @@ def test_notebook10_plan_here_prices_cpu_hours_only_where_the_committed_sweeps_r
     assert cpu == "CPU A" and plan.set_index("stage").loc["validation", "cpu_hours"] == pytest.approx(1620 * 5 / 3600)
     plan, cpu = costs.lpes_at_power_plan_here(PROFILES["smoke"])
     assert cpu is None and "cpu_hours" not in plan
+
+
+def test_the_larger_model_plan_scales_the_measured_records_and_the_small_models_plan():
+    from lpes_nb.costs import LARGER_STAGES, larger_model_plan, lpes_at_power_plan
+    from lpes_nb.throughput import load
+
+    report = load()
+    cost = {"cpu": {"cpu": "a CPU"}, "record_ratio": {"mdqa-20": 3.0, "kv-75": 2.5},
+            "seconds": {"qwen2.5-coder-0.5b": {"mdqa-20": [50.0, 60.0], "kv-75": [100.0, 120.0]},
+                        "qwen2.5-coder-1.5b": {"mdqa-20": [150.0, 170.0], "kv-75": [250.0, 350.0]}}}
+    plan = larger_model_plan(PROFILES["cpu"], cost, report).set_index("stage")
+    assert plan.loc["map: mdqa-20", "cpu_hours"] == round(441 * 160.0 / 3600, 1)  # median of the measured seconds
+    assert plan.loc["map: kv-75", "cpu_hours"] == round(100 * 300.0 / 3600, 1)
+    small = lpes_at_power_plan(PROFILES["cpu"], cpu=report).set_index("stage")
+    for stage in LARGER_STAGES:
+        assert plan.loc[stage, "cpu_hours"] == round(small.loc[stage, "cpu_hours"] * 3.0, 1)
+    with pytest.raises(ValueError, match="measured against 'smollm2-135m'"):
+        larger_model_plan(PROFILES["cpu"], {**cost, "seconds": {"smollm2-135m": {}, "x": {}}}, report)

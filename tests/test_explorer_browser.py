@@ -47,6 +47,10 @@ def lab(tmp_path_factory):
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")  # lets the notebook find its project root
     (root / "lpes_nb").mkdir()
     home = tmp_path_factory.mktemp("home")
+    # no "get notified about Jupyter news" toast over the widget in the screenshot (and no network call)
+    settings = home / ".jupyter" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port, token = _free_port(), "lpes-test-token"
     env = {**os.environ, "HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "LPES_OUTPUT_ROOT": str(root),
@@ -141,6 +145,8 @@ def test_dragging_a_control_point_updates_the_scales(lab):
                 "(before) => document.querySelector('.lpes-scales').innerText !== before", arg=before, timeout=20_000)
             points, shown_scales = _parse(*_settled_state(page))
             page.screenshot(path=str(artifacts / "explorer_after_drag.png"), full_page=True)
+            # the widget alone: docs/explorer.png, the README's picture of the explorer, is this file
+            page.locator(".jp-OutputArea-output").last.screenshot(path=str(artifacts / "explorer_widget.png"))
         finally:
             context.close()
     assert len(shown_scales) == 30

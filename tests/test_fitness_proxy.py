@@ -4,11 +4,9 @@ stored per (candidate, record) and resumed, a degenerate set of candidates refus
 import pytest
 
 from lpes_nb import fitness_proxy, splits
-from lpes_nb.data import data_dir
 from lpes_nb.models import load_model, load_tokenizer
 from lpes_nb.results import CACHED_ONLY
 
-needs_mdqa = pytest.mark.skipif(not (data_dir() / "mdqa").is_dir(), reason="needs the real MDQA records (../shared/data)")
 
 
 def test_candidates_are_seeded_curves_of_the_search_space():
@@ -19,7 +17,6 @@ def test_candidates_are_seeded_curves_of_the_search_space():
     assert fitness_proxy.fitness_positions(20) == (0, 10, 19) and fitness_proxy.fitness_positions(75) == (0, 37, 74)
 
 
-@needs_mdqa
 def test_the_check_runs_on_the_search_part_stores_each_record_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from lpes_nb import lpes_at_power, splits
-from lpes_nb.data import data_dir
 from lpes_nb.ga import GAConfig, GeneticSearch
 from lpes_nb.models import load_model, load_tokenizer, model_identity
 from lpes_nb.search import bezier_space, search_fitness
 
-pytestmark = pytest.mark.skipif(not (data_dir() / "mdqa").is_dir(), reason="needs the real MDQA records (../shared/data)")
 GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=2)
 PLAN = lpes_at_power.Plan(records=2, ga=GA, items=5, profile="smoke")
 
@@ -82,8 +80,6 @@ def test_a_search_of_one_seed_keeps_the_other_seeds_rows_in_the_stored_convergen
 
 
 def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_records(tmp_path, monkeypatch):
-    from lpes_nb.methods import lpes, pi
-
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     for seed in (0, 1):
@@ -427,7 +423,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     found = lpes_at_power.study("smoke-read", progress=False)
     assert (found["convergence"]["space"] == "bezier").all() and found["convergence"].drop(columns="space").equals(stored.round(5))
     assert not {"validation", "claims", "families", "transfer"} & found.keys()
-    command = "python -m lpes_nb.lpes_at_power {} --profile smoke-read"
+    command = "lpes lpes-at-power {} --profile smoke-read"
     assert found["pending"] == [
         f"the mdqa20 search of seed(s) [1] has not finished: {command.format('search')} --seeds 1",
         f"validation of the mdqa20 search: {command.format('validate')} --seeds 0 1",
@@ -482,7 +478,7 @@ def test_tables_of_some_methods_are_read_back_with_the_rest_pending_and_other_re
     pending = []
     found = lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3, "PI": 3, "Ms-PoE": 2}, "mdqa20", False, pending, True)
     assert list(found["claims"]["method"]) == ["LPES"]
-    assert pending == ["test of Ms-PoE (the tables hold LPES, PI): python -m lpes_nb.lpes_at_power test --profile smoke-part "
+    assert pending == ["test of Ms-PoE (the tables hold LPES, PI): lpes lpes-at-power test --profile smoke-part "
                        "--methods LPES PI Ms-PoE"]
     pending.clear()
     lpes_at_power._tested(model, None, "smoke-part", plan, {"LPES": 3, "PI": 3}, "mdqa20", False, pending, True)

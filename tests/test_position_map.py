@@ -59,12 +59,9 @@ def test_items_for_length_hits_the_target_length(tokenizer):
 def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypatch):
     """The map's record cell sharded over two spawned workers (each loading the model once) gives the
     table one process gives; the parent alone writes the store, and a rerun reads it."""
-    from lpes_nb.data import data_dir
     from lpes_nb.models import load_model, load_tokenizer
     from lpes_nb.position_map import record_cell
 
-    if not (data_dir() / "mdqa").is_dir():
-        pytest.skip("needs the real MDQA records (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "one"))
     one = record_cell(load_model("tiny-llama"), load_tokenizer("tiny-llama"), "tiny-llama", "float32", "mdqa", 5, range(4), 4,
                        "smoke", progress=False)
@@ -82,11 +79,8 @@ def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypat
 def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
     """The KV record cell: the original UUID records of 75 or 140 pairs, the gold pair at the map's five
     positions, judged as the original evaluation, the gold log-probability beside; stored per record."""
-    from lpes_nb.data import data_dir
     from lpes_nb.models import load_model, load_tokenizer
 
-    if not (data_dir() / "kv").is_dir():
-        pytest.skip("needs the original KV files (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     name = "paper-dry-llama"  # a tiny model with a 16k window: 140 UUID pairs are ~10k of its tokens
     model, tokenizer = load_model(name), load_tokenizer(name)
@@ -119,13 +113,10 @@ def test_a_chunked_record_cell_is_stored_apart_and_agrees_in_float32(tmp_path, m
     """Continuations in pieces are exact up to summation order (float32: same answers) but not
     bitwise equal in bf16, so a chunked cell lives under its own key; the cells stored before pieces
     existed keep theirs (the committed MDQA-20 cell's key is pinned here)."""
-    from lpes_nb.data import data_dir
     from lpes_nb.models import load_model, load_tokenizer
 
     assert position_map.record_table("qwen2.5-coder-0.5b", "bfloat16", "mdqa", 20, 8, "cpu").path.name == \
         "position_map_records-31ea4e6ebdd16ab1b249.jsonl"
-    if not (data_dir() / "mdqa").is_dir():
-        pytest.skip("needs the real MDQA records (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     whole, pieces = (position_map.record_cell(model, tokenizer, "tiny-llama", "float32", "mdqa", 5, range(2), 4, "smoke",
@@ -157,12 +148,9 @@ def test_a_record_cell_under_a_method_is_stored_apart_with_the_gold_logprob_eith
     (pinned above), a method's cell has only the positional prompts, and a method that cannot share
     prefixes takes its gold log-probability from a teacher-forced pass, the quantity the shared path
     computes beside decoding (float32: equal to 1e-4 where both paths can run)."""
-    from lpes_nb.data import data_dir
     from lpes_nb.methods import DynamicNTK, LayerScales
     from lpes_nb.models import load_model, load_tokenizer
 
-    if not (data_dir() / "mdqa").is_dir():
-        pytest.skip("needs the real MDQA records (../shared/data)")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     run = dict(model=model, tokenizer=tokenizer, model_name="tiny-llama", dtype="float32", task="mdqa", items=5, records=[7, 2],
@@ -188,12 +176,9 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
     """Issue #99: KV cells stored before the answer forms keep their answers, lose their gold columns
     (withdrawn), are never extended; re-scoring carries them to today's key with exactly the gold
     scores a fresh computation of that key stores (the same shared-prefix scoring)."""
-    from lpes_nb.data import data_dir
     from lpes_nb.models import load_model, load_tokenizer
 
-    if not (data_dir() / "kv").is_dir():
-        pytest.skip("needs the real KV records (../shared/data)")
-    monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=KV_WRITTEN_FORMS))  # as once they are on
+    assert TASKS["kv"].answer_forms == KV_WRITTEN_FORMS
     name, model, tokenizer = "paper-dry-llama", load_model("paper-dry-llama"), load_tokenizer("paper-dry-llama")
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "fresh"))
     fresh = position_map.record_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
@@ -213,7 +198,6 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
     pd.testing.assert_frame_equal(rescored, fresh)
     with pytest.raises(ValueError, match=r"record\(s\) \[2\] are not in"):
         position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(3), 4, "smoke", progress=False)
-    monkeypatch.undo()  # the registry's bare target: a stored cell is what a fresh one computes
-    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "old"))
+    monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=("{}",)))  # a bare target: stored = fresh
     with pytest.raises(ValueError, match=r"scores its answers as given .* nothing to re-score"):
         position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)

@@ -1,4 +1,6 @@
-"""The README is a tested contract: every fenced code block in it runs as written.
+"""The README and docs/ are a tested contract: every fenced code block in them runs as written, and the
+README holds no measured number typed by hand. Every command is one of the two scripts or an `lpes`
+command.
 
 Python blocks are executed in a fresh namespace each (from the repository root, on the embedded model
 they name: loading it takes under a second once converted). Every command of a bash block either runs
@@ -19,13 +21,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the README and every docs/ page
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
 # commands that a test cannot run, and why; each must still name a program that exists
 NOT_RUN_HERE = {
     "bash scripts/test.sh": "the test command itself (it is what runs this test)",
     "ray start --head": "starts a Ray cluster head that outlives the test",
-    "python -m lpes_nb.position_map --mdqa-records 441 --model qwen2.5-coder-0.5b --dtype bfloat16 --docs 20 --backend ray --ray-address auto --workers 8":
+    "lpes map --mdqa-records 441 --model qwen2.5-coder-0.5b --dtype bfloat16 --docs 20 --backend ray --ray-address auto --workers 8":
         "joins a running Ray cluster for hours of work; the same sharding on local processes is tested in test_position_map",
     "bash scripts/gpu_kit.sh": "the GPU kit: its real steps need a CUDA GPU (and `--steps carry` packs 1.5 GB); "
                                "the test command runs it with --dry",
@@ -33,12 +36,12 @@ NOT_RUN_HERE = {
 
 # cheap commands that run in full, as written
 RUN_AS_WRITTEN = {
-    "python -m lpes_nb.costs plan --profile gpu": "arithmetic on the profile (its CSV is checked against the committed one in test_costs)",
+    "lpes costs plan --profile gpu": "arithmetic on the profile (its CSV is checked against the committed one in test_costs)",
 }
 
 
 def blocks(language: str) -> list[str]:
-    return [body for lang, body in BLOCK.findall(README.read_text()) if lang == language]
+    return [body for page in PAGES for lang, body in BLOCK.findall(page.read_text()) if lang == language]
 
 
 def commands() -> list[str]:
@@ -54,7 +57,7 @@ def commands() -> list[str]:
 
 def test_the_readme_has_code_blocks_of_both_kinds():
     assert blocks("python") and commands()
-    languages = {lang for lang, _ in BLOCK.findall(README.read_text())}
+    languages = {lang for page in PAGES for lang, _ in BLOCK.findall(page.read_text())}
     assert languages <= {"python", "bash", "text"}, f"a block in a language this test does not run: {languages}"
 
 
@@ -63,7 +66,7 @@ def test_the_readme_has_code_blocks_of_both_kinds():
 def test_python_block_runs_as_written(index, monkeypatch):
     monkeypatch.chdir(ROOT)
     code = blocks("python")[index]
-    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
+    exec(compile(code, f"README/docs python block {index + 1}", "exec"), {"__name__": "__readme__"})
 
 
 @pytest.mark.parametrize("command", commands())
@@ -79,9 +82,14 @@ def test_bash_command_runs_or_is_named_with_a_reason(command):
             f"{command!r} names {program!r}, which does not exist"
         return
     env = {**os.environ, **env_assignments, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    lpes = [sys.executable, "-m", "lpes_nb", *words[1:]]  # the `lpes` command, installed or not
     if command in RUN_AS_WRITTEN:
-        done = subprocess.run([sys.executable, *words[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(lpes, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"{command!r} failed:\n{done.stdout}\n{done.stderr}"
+        return
+    if words[0] == "lpes":  # its subcommand exists and takes these words up to its help
+        done = subprocess.run([*lpes, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and f"usage: lpes {words[1]}" in done.stdout, f"{command!r} --help:\n{done.stdout}\n{done.stderr}"
         return
     assert words[:2] and words[0] == "bash" and (ROOT / words[1]).is_file(), f"{command!r}: not a script of this project"
     done = subprocess.run([*words, "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -95,7 +103,7 @@ def test_the_wrong_regime_premise_is_gone():
     import re
 
     root = Path(__file__).resolve().parents[1]
-    for path in [root / "README.md", *sorted((root / "notebooks").glob("*.ipynb")), *sorted((root / "lpes_nb").glob("*.py"))]:
+    for path in [*PAGES, *sorted((root / "notebooks").glob("*.ipynb")), *sorted((root / "lpes_nb").glob("*.py"))]:
         assert not re.search(r"[46]0\s*[–-]\s*90\s*%", path.read_text()), f"{path.name} still states the 40-90 % premise"
 
 
@@ -115,6 +123,14 @@ def test_typed_numbers_finds_measurements_and_spares_settings():
     assert typed_numbers("Wilson 95 % intervals, 80 % power, `scale 1.5`, θ = 10⁶, 20 documents, Sec. 4.2, Eq. 12–13") == []
 
 
+def test_no_measured_number_is_typed_into_the_readme():
+    """The README's numbers are the generated findings table (kept equal to results/claims.csv by
+    tests/test_claims.py); its prose holds none."""
+    text = README.read_text()
+    prose = text[:text.index("<!-- findings:")] + text[text.index("<!-- /findings -->"):]
+    assert typed_numbers(prose) == []
+
+
 def test_no_measured_number_is_typed_into_a_notebook():
     """Conclusions print their numbers from the stored tables: no notebook's Markdown holds a measured
     decimal or percentage (settings go in code spans), so a rerun cannot leave a stale figure."""
@@ -128,7 +144,7 @@ def test_no_measured_number_is_typed_into_a_notebook():
 
 
 def findings(readme: str) -> list[str]:
-    """The README's "In short:" bullet lists (the findings), one string per list."""
+    """The "In short:" bullet lists of the findings page (docs/findings.md), one string per list."""
     lists = []
     for part in readme.split("In short:")[1:]:
         lines = []
@@ -174,15 +190,15 @@ def matches(quoted: str, value: float) -> bool:
     return any(round(v, decimals) == float(quoted) for v in (value, 100 * value))
 
 
-def test_every_number_the_readme_findings_quote_is_printed_by_a_published_notebook():
-    """The README's findings quote the notebooks, which print from the stored tables. Every estimate
-    with its interval, "x [lo, hi]", must be one printed line's or one stored row's numbers at the README's precision
+def test_every_number_the_findings_page_quotes_is_printed_by_a_published_notebook():
+    """docs/findings.md quotes the notebooks, which print from the stored tables. Every estimate
+    with its interval, "x [lo, hi]", must be one printed line's or one stored row's numbers at the page's precision
     (0.196 matches a printed 0.1957, 90 % a printed 0.900), and every other measured decimal or
-    percentage a number some notebook prints. A rerun that moves a number leaves the README's copy
+    percentage a number some notebook prints. A rerun that moves a number leaves the page's copy
     without a source, and this fails."""
     lines = [line for path in sorted((ROOT / "notebooks").glob("*.ipynb")) for line in printed_lines(path)] + stored_rows()
     printed = {v for line in lines for v in line}
-    lists = findings((ROOT / "README.md").read_text())
+    lists = findings((ROOT / "docs" / "findings.md").read_text())
     assert len(lists) >= 2 and all(lists)
     unsourced = []
     for text in lists:

@@ -1,5 +1,7 @@
 """The notebook runner: discovery, --only/--from selection, cleaning before publishing."""
 
+from pathlib import Path
+
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
@@ -30,6 +32,8 @@ def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
         new_output("stream", name="stderr", text="TqdmWarning: IProgress not found"),
         new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "a"}, "text/plain": "bar"}),
         new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "b"}}),
+        new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "c"},
+                                         "text/plain": "benchmark_kv: methods:   0%|          | 0/10 [00:00<?, ?it/s]"}),
         new_output("stream", name="stdout", text="kept"),
     ]
     nb.cells.append(cell)
@@ -49,3 +53,15 @@ def test_notebook_parameters_from_the_command_line_are_python_literals_or_string
     from lpes_nb.run import _literal
 
     assert [_literal(v) for v in ("8", "ray", "None", "auto", "[1, 2]")] == [8, "ray", None, "auto", [1, 2]]
+
+
+def test_no_committed_notebook_holds_a_progress_bar():
+    """A frozen bar is not a result: publishing drops it, and a cached-only run shows none (so the
+    strict nbval check of the published run sees none either)."""
+    from lpes_nb.run import PROGRESS_BAR
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    found = [(path.stem, text[:60]) for path in sorted(root.glob("*.ipynb"))
+             for cell in nbformat.read(path, as_version=4).cells for out in cell.get("outputs", [])
+             for text in [str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))] if PROGRESS_BAR.search(text)]
+    assert found == []

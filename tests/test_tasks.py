@@ -6,9 +6,6 @@ from lpes_nb import data
 from lpes_nb.profiles import PROFILES, profile
 from lpes_nb.tasks import TaskConfig
 
-needs_shared = pytest.mark.skipif(not (data.data_dir() / data.MDQA_FILE).is_file(), reason="shared data not present")
-
-
 def test_kv_task_has_every_record_at_every_position():
     cfg = TaskConfig("kv", 10, n=4, seed=3)
     samples = cfg.samples()
@@ -25,7 +22,6 @@ def test_search_and_test_sets_of_each_profile_are_disjoint(name):
     assert not {s.prompt for s in prof.search.samples()} & {s.prompt for s in prof.test.samples()}
 
 
-@needs_shared
 def test_mdqa_and_long_text_tasks():
     mdqa = TaskConfig("mdqa", 10, n=2, offset=5).samples()
     assert [s.sample_id for s in mdqa] == [5, 6] * 3 and [s.position for s in mdqa] == [0, 0, 4, 4, 9, 9]
@@ -98,8 +94,6 @@ def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
 
 
 def test_a_config_picks_one_part_of_the_split_by_record():
-    if not (data.data_dir() / "mdqa").is_dir():
-        pytest.skip("needs the real MDQA records (../shared/data)")
     from lpes_nb import splits
 
     parts = {part: TaskConfig.from_split("mdqa20", part, 5, num_items=6) for part in ("search", "validation", "test")}
@@ -131,6 +125,5 @@ def test_records_are_checked_and_left_out_of_the_repr_while_unset():
                        (dict(records=(1,), n=1, task="kv"), "picks real records")]:
         with pytest.raises(ValueError, match=match):
             TaskConfig(**{"task": "mdqa", "num_items": 20, **bad})
-    if (data.data_dir() / "mdqa").is_dir():
-        with pytest.raises(ValueError, match="record 441 is not in the file"):
-            TaskConfig("mdqa", 5, n=1, records=(441,)).samples()
+    with pytest.raises(ValueError, match="record 441 is not in the file"):
+        TaskConfig("mdqa", 5, n=1, records=(441,)).samples()

@@ -1,0 +1,19 @@
+"""The per-record cost of two models measured side by side, stored per CPU (issue #101's cost plan)."""
+
+import json
+
+from lpes_nb import throughput
+from lpes_nb.machine import describe_cpu
+
+
+def test_record_cost_times_both_models_on_the_same_records_and_keeps_other_cpus(tmp_path):
+    out = tmp_path / "record_cost.json"
+    here = describe_cpu()["cpu"]
+    out.write_text(json.dumps([{"cpu": {"cpu": "another CPU"}, "dtype": "float32"}, {"cpu": {"cpu": here}, "dtype": "float32"}]))
+    entry = throughput.record_cost(models=("tiny-llama", "tiny-qwen2"), dtype="float32", records=(3,), out=out, tokens=512,
+                                   cells=(("mdqa", 5),))
+    assert set(entry["seconds"]) == {"tiny-llama", "tiny-qwen2"}
+    assert all(len(v) == 1 and v[0] > 0 for cells in entry["seconds"].values() for v in cells.values())
+    assert set(entry["record_ratio"]) == {"mdqa-5"} and entry["flop_ratio"] > 0
+    stored = json.loads(out.read_text())  # this CPU's old entry replaced, the other CPU's kept
+    assert [e["cpu"]["cpu"] for e in stored] == ["another CPU", here] and stored[-1]["records"] == [3]
