@@ -363,6 +363,10 @@ def larger_model_plan(p: Profile, cost: dict, report: dict) -> pd.DataFrame:
     small, large = list(cost["seconds"])[0], list(cost["seconds"])[-1]
     if p.lpes_at_power.model != small:
         raise ValueError(f"the record cost was measured against {small!r}, profile {p.name!r} plans {p.lpes_at_power.model!r}")
+    missing = [cell for cell, _ in LARGER_MAP if cell not in cost["seconds"][large]]
+    if missing:
+        raise ValueError(f"no measured seconds per {missing} record of {large} on {cost['cpu']['cpu']}: run "
+                         "`lpes throughput --record-cost` (both cells) first")
     rows = [{"stage": f"map: {cell}", "model": large, "units": n, "unit": "record",
              "cpu_hours": round(n * float(np.median(cost["seconds"][large][cell])) / 3600, 1),
              "basis": f"measured seconds per record ({cost['cpu']['cpu']})"} for cell, n in LARGER_MAP]

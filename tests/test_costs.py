@@ -285,5 +285,8 @@ def test_the_larger_model_plan_scales_the_measured_records_and_the_small_models_
     small = lpes_at_power_plan(PROFILES["cpu"], cpu=report).set_index("stage")
     for stage in LARGER_STAGES:
         assert plan.loc[stage, "cpu_hours"] == round(small.loc[stage, "cpu_hours"] * 3.0, 1)
+    partial = {**cost, "seconds": {k: {"mdqa-20": v["mdqa-20"]} for k, v in cost["seconds"].items()}}
+    with pytest.raises(ValueError, match=r"no measured seconds per \['kv-75'\] record of qwen2.5-coder-1.5b on a CPU"):
+        larger_model_plan(PROFILES["cpu"], partial, report)
     with pytest.raises(ValueError, match="measured against 'smollm2-135m'"):
         larger_model_plan(PROFILES["cpu"], {**cost, "seconds": {"smollm2-135m": {}, "x": {}}}, report)
