@@ -329,7 +329,9 @@ def record_cost(models=(QWEN, QWEN_15B), dtype: str = "bfloat16", records=(430, 
                 tokens: int = 3072, cells=RECORD_CELLS) -> dict:
     """Seconds per map record for each of ``models`` on the same ``records``, the models interleaved
     record by record so that they share the machine's state; with each model's forward FLOPs at ``tokens`` tokens, whose ratio is what the
-    per-record ratio should approach. Stored per CPU in ``out`` (other CPUs' entries kept)."""
+    per-record ratio should approach. Stored per CPU and dtype in ``out``: other CPUs' entries are kept, and
+    so are this CPU's cells not measured now (each cell is timed on its own records, so a cell measured in a
+    later sitting joins the earlier ones)."""
     out = out or output_dir("results", "cpu") / "bench" / "record_cost.json"
     loaded = {name: (load_model(name, dtype=dtype), load_tokenizer(name)) for name in models}
     data = {task: load_records(task, items) for task, items in cells}
@@ -346,12 +348,19 @@ def record_cost(models=(QWEN, QWEN_15B), dtype: str = "bfloat16", records=(430, 
                 print(f"[record cost] {name} {task}-{items} record {r}: {seconds[name][f'{task}-{items}'][-1]:.1f} s", flush=True)
     flops = {name: forward_flops(model, tokens) for name, (model, _) in loaded.items()}
     small, large = models[0], models[-1]
-    entry = {"cpu": describe_cpu(), "torch_threads": torch.get_num_threads(), "dtype": dtype, "records": list(records),
+    cpu = describe_cpu()
+    stored = json.loads(out.read_text()) if out.exists() else []
+    same = [e for e in stored if (e["cpu"]["cpu"], e["dtype"]) == (cpu["cpu"], dtype) and list(e.get("seconds", {})) == list(models)]
+    earlier = same[-1] if same else {"seconds": {name: {} for name in models}, "records": {}}
+    # entries of before cells were merged stored one list of records for all cells
+    records_of = earlier["records"] if isinstance(earlier["records"], dict) else {c: earlier["records"] for c in earlier["seconds"][small]}
+    seconds = {name: {**earlier["seconds"][name], **seconds[name]} for name in models}
+    entry = {"cpu": cpu, "torch_threads": torch.get_num_threads(), "dtype": dtype,
+             "records": {**records_of, **{f"{task}-{items}": list(records) for task, items in cells}},
              "seconds": seconds, "forward_gflops": {n: f / 1e9 for n, f in flops.items()}, "forward_tokens": tokens,
              "flop_ratio": flops[large] / flops[small],
              "record_ratio": {cell: float(np.median(seconds[large][cell]) / np.median(seconds[small][cell])) for cell in seconds[large]}}
-    stored = json.loads(out.read_text()) if out.exists() else []
-    stored = [e for e in stored if (e["cpu"]["cpu"], e["dtype"]) != (entry["cpu"]["cpu"], dtype)] + [entry]
+    stored = [e for e in stored if (e["cpu"]["cpu"], e["dtype"]) != (cpu["cpu"], dtype)] + [entry]
     write_json(out, stored)
     return entry
 
@@ -364,8 +373,12 @@ def main(argv=None):
                         help="measure only these; the others keep their stored values")
     parser.add_argument("--record-cost", action="store_true",
                         help=f"instead: seconds per map record, {QWEN} against {QWEN_15B} (results/bench/record_cost.json)")
+    parser.add_argument("--cells", nargs="+", choices=[f"{t}-{n}" for t, n in RECORD_CELLS], default=[f"{t}-{n}" for t, n in RECORD_CELLS],
+                        help="--record-cost: time only these cells; this CPU's other cells keep their stored seconds")
+    parser.add_argument("--cost-records", type=int, nargs="+", default=[430, 431], help="--record-cost: the records timed")
     args = parser.parse_args(argv)
     if args.record_cost:
-        print(json.dumps(record_cost(out=args.out)["record_ratio"], indent=2))
+        cells = tuple((t, int(n)) for t, n in (c.split("-") for c in args.cells))
+        print(json.dumps(record_cost(records=tuple(args.cost_records), out=args.out, cells=cells)["record_ratio"], indent=2))
         return
     run(args.records, out=args.out, parts=args.parts)
