@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,10 +22,12 @@ from .methods import (
     Baseline,
     Caliope,
     DynamicNTK,
+    LayerScales,
     Method,
     MsPoE,
     WindowOverflow,
     lpes,
+    ms_poe_ratios,
     pi,
 )
 from .metrics import perplexity
@@ -44,6 +46,8 @@ METHODS: dict[str, Callable[[Sequence[float], MoICE | None], Method]] = {
     "Dynamic NTK": lambda scales, moice: DynamicNTK(),
     "Attention Buckets": lambda scales, moice: AttentionBuckets(),
     "Ms-PoE": lambda scales, moice: MsPoE(),
+    # the variant run before the reference check (the paper's rank mapping, both ends of the ratio range)
+    "Ms-PoE (rank, endpoints grid)": lambda scales, moice: MsPoE(grid="endpoints", assign="rank"),
     "MoICE": lambda scales, moice: moice or MoICE(),
     **{f"CALIOPE-{kind.capitalize()}": (lambda scales, moice, kind=kind: Caliope(kind)) for kind in CALIOPE_KINDS},
     "LASP": lambda scales, moice: LASP("both"),
@@ -58,6 +62,22 @@ def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dic
     if not methods["MoICE"].trained:
         methods = {("MoICE (untrained)" if k == "MoICE" else k): m for k, m in methods.items()}
     return methods
+
+
+def ms_poe_parts(model, ms_poe: MsPoE | None = None) -> dict[str, Method]:
+    """Where Ms-PoE's loss comes from (issue #100): Ms-PoE beside each of its two parts alone, to be
+    compared paired on the same records. Its ratios handed to the key/value heads in a fixed order (the
+    reference's ``head_type="normal"``: the heads without the outlier score), and uniform PI at its mean
+    ratio from its first layer on (the ratio range without the heads)."""
+    ms_poe = ms_poe or MsPoE()
+    layers = find_rope_stack(model).num_layers
+    config = model.config.get_text_config()
+    heads_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    mean = float(ms_poe_ratios(heads_kv, ms_poe.min_scale, ms_poe.max_scale, ms_poe.grid).mean())
+    first = ms_poe.first_layer
+    pi_label = f"PI ×{mean:.2f} from layer {first}"
+    return {ms_poe.name: ms_poe, f"{ms_poe.name}, fixed head order": replace(ms_poe, assign="normal"),
+            pi_label: LayerScales([1.0] * first + [mean] * (layers - first), pi_label)}
 
 
 def method_key(method: Method) -> str:

@@ -76,8 +76,8 @@ VALUE = "gold_logprob"
 # answer is at most a few words): a difference that survives it is not the answers' length.
 SHORT_WORDS = 10
 SHORT = f"correct_first{SHORT_WORDS}"
-TEST_METHODS = ("LPES", "PI", "Ms-PoE", "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "Dynamic NTK",
-                "Attention Buckets", "MoICE")
+TEST_METHODS = ("LPES", "PI", "Ms-PoE", "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "CALIOPE-Hourglass",
+                "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", "MoICE")
 
 
 @dataclass(frozen=True)

@@ -373,48 +373,102 @@ class AttentionBuckets(Method):
         return sequence[:, ids.shape[1]:]
 
 
-def rank_scales(scores: torch.Tensor, min_scale: float, max_scale: float) -> torch.Tensor:
-    """Scales from ``min_scale`` (lowest score) to ``max_scale`` (highest) by each head's *rank*
-    along the last axis. (The public Ms-PoE code indexes the scales with argsort, which is the
-    inverse permutation of the ranks: a known bug that gives most heads another head's scale.)"""
-    heads = scores.shape[-1]
-    ranks = scores.argsort(dim=-1).argsort(dim=-1).float()
-    return min_scale + (max_scale - min_scale) * ranks / max(heads - 1, 1)
+# Ms-PoE's two free choices, each as the reference code (VITA-Group/Ms-PoE, utils/modify_arch/llama.py) makes it
+# and as this workbook made it before holding it against that code; stored rows name the variant that ran
+MS_POE_GRIDS = ("reference", "endpoints")
+MS_POE_ASSIGNMENTS = ("reference", "rank", "normal")
+
+
+def ms_poe_ratios(n: int, min_scale: float, max_scale: float, grid: str = "reference") -> torch.Tensor:
+    """The ``n`` compression ratios Ms-PoE hands out. ``reference``: min + (max − min)·i/n, i = 0 … n − 1,
+    as the reference code builds them (``max_scale`` itself is never reached: 32 heads at 1.2–1.8 average
+    1.49); ``endpoints``: i/(n − 1), both ends included (this workbook's rows before the reference check)."""
+    if grid not in MS_POE_GRIDS:
+        raise ValueError(f"unknown Ms-PoE ratio grid {grid!r}; choose one of {MS_POE_GRIDS}")
+    steps = torch.arange(n, dtype=torch.float32) / (n if grid == "reference" else max(n - 1, 1))
+    return min_scale + (max_scale - min_scale) * steps
+
+
+def assign_ratios(scores: torch.Tensor, ratios: torch.Tensor, assign: str = "reference") -> torch.Tensor:
+    """Per head (last axis of ``scores`` [B, n]), its ratio from ``ratios`` [n].
+
+    * ``reference``: the reference code's mapping, head h takes ratio ``argsort(scores)[h]``. Its paper
+      gives the heads with most outliers (lowest score) the smallest ratios; indexing by the argsort
+      permutation instead of by the ranks (its inverse) hands most heads another head's ratio. The
+      published numbers ran this.
+    * ``rank``: the paper's stated intent, head h takes ratio ``rank(h)`` (lowest score: the smallest).
+    * ``normal``: the reference's ``head_type="normal"``, no score at all: head h takes ratio n − 1 − h
+      (its script uses it for gold positions 5, 7 and 10).
+
+    Ties (common with 2–3 key/value heads) go to the lower head index (a stable sort), where the
+    reference's unstable sort breaks them arbitrarily."""
+    if assign not in MS_POE_ASSIGNMENTS:
+        raise ValueError(f"unknown Ms-PoE head assignment {assign!r}; choose one of {MS_POE_ASSIGNMENTS}")
+    n = scores.shape[-1]
+    if assign == "normal":
+        index = (n - 1 - torch.arange(n)).expand_as(scores)
+    else:
+        order = scores.argsort(dim=-1, stable=True)
+        index = order if assign == "reference" else order.argsort(dim=-1)
+    return ratios[index]
 
 
 @dataclass(frozen=True)
 class OutlierHeadScales:
-    """Ms-PoE's head scaler: from the un-rotated attention of the last query over the real keys,
-    score = −(fraction of keys with weight > k · mean weight); heads with many outlier keys
-    (position-sensitive) get the small scales. With grouped-query attention the scores of a key
-    head's query heads are averaged (their keys, and so their rotation, are shared)."""
+    """Ms-PoE's head scaler, from the un-rotated attention of the prompt's last query over its real keys,
+    computed as the reference code computes it: per head, score = −(fraction of keys whose weight exceeds
+    ``k`` × the mean weight 1/T), the logits scaled as the attention module scales them (its ``scaling``;
+    1/√head_dim where a module has none), then ratios on ``grid`` handed out by ``assign``
+    (:func:`ms_poe_ratios`, :func:`assign_ratios`).
+
+    Grouped-query attention (the reference is written for multi-head Llama): one ratio per key/value head,
+    from the mean score of its query heads, because a key is rotated once for all the query heads that read
+    it. A literal port gives every query head its own ratio and the shared key the first query head's; a
+    query and a key then rotate by different ratios, and attention stops depending on relative positions
+    alone (a uniform shift of all positions changes the logits). With one query head per key head (the
+    reference's case) the two are the same computation."""
 
     min_scale: float = 1.2
     max_scale: float = 1.8
     k: float = 3.0
+    grid: str = "reference"
+    assign: str = "reference"
 
-    def __call__(self, q_last: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        batch, heads_q, dim = q_last.shape
-        heads_kv = keys.shape[1]
-        keys = keys.repeat_interleave(heads_q // heads_kv, dim=1)  # [B, H_q, T, D]
-        logits = torch.einsum("bhd,bhtd->bht", q_last.float(), keys.float()) / dim**0.5
-        logits = logits.masked_fill(~valid[:, None], float("-inf"))
-        attn = logits.softmax(-1)
+    def __post_init__(self):
+        if self.grid not in MS_POE_GRIDS:
+            raise ValueError(f"unknown Ms-PoE ratio grid {self.grid!r}; choose one of {MS_POE_GRIDS}")
+        if self.assign not in MS_POE_ASSIGNMENTS:
+            raise ValueError(f"unknown Ms-PoE head assignment {self.assign!r}; choose one of {MS_POE_ASSIGNMENTS}")
+
+    def scores(self, q_last: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+        """Per query head [B, H_q]: −(fraction of the real keys weighted above ``k`` / their count)."""
+        heads_q, dim = q_last.shape[1:]
+        keys = keys.repeat_interleave(heads_q // keys.shape[1], dim=1)  # [B, H_q, T, D]
+        scaling = dim**-0.5 if scaling is None else scaling
+        logits = torch.einsum("bhd,bhtd->bht", q_last.float(), keys.float()) * scaling
+        attn = logits.masked_fill(~valid[:, None], float("-inf")).softmax(-1)
         count = valid.sum(-1, keepdim=True).float()  # [B, 1]
-        outliers = ((attn > self.k / count[..., None]) & valid[:, None]).sum(-1) / count  # mean weight = 1/count
-        scores = -outliers.view(batch, heads_kv, -1).mean(-1)
-        return rank_scales(scores, self.min_scale, self.max_scale)
+        return -((attn > self.k / count[..., None]) & valid[:, None]).sum(-1) / count  # mean weight = 1/count
+
+    def __call__(self, q_last: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scaling: float | None = None) -> torch.Tensor:
+        heads_kv = keys.shape[1]
+        scores = self.scores(q_last, keys, valid, scaling).view(q_last.shape[0], heads_kv, -1).mean(-1)
+        return assign_ratios(scores, ms_poe_ratios(heads_kv, self.min_scale, self.max_scale, self.grid), self.assign)
 
 
 @dataclass
 class MsPoE(Method):
-    """Ms-PoE: head-wise positional interpolation (scales ``min_scale``..``max_scale`` ordered by
-    the outlier score of each head on the prefill) in layers ``first_layer``..L−1."""
+    """Ms-PoE: head-wise positional interpolation in layers ``first_layer`` … L−1, each key/value head's
+    ratio chosen by its outlier score on the prefill (:class:`OutlierHeadScales`). The defaults are the
+    reference code's (ratios 1.2–1.8 on its grid, its head mapping, layers 2 …); ``grid="endpoints",
+    assign="rank"`` is the variant this workbook ran before it was held against that code. The name
+    says which variant ran."""
 
     min_scale: float = 1.2
     max_scale: float = 1.8
     first_layer: int = 2
-    name = "Ms-PoE"
+    grid: str = "reference"
+    assign: str = "reference"
     shares_prefix = False  # head scales from the last query of the whole prompt
     state_from_prompt = True
 
@@ -423,12 +477,19 @@ class MsPoE(Method):
         positive_real(self.max_scale, "Ms-PoE max scale")
         if self.min_scale > self.max_scale:
             raise ValueError(f"Ms-PoE needs min_scale <= max_scale, got {self.min_scale} > {self.max_scale}")
+        self.scaler = OutlierHeadScales(self.min_scale, self.max_scale, grid=self.grid, assign=self.assign)  # checks both
+
+    @property
+    def name(self) -> str:
+        if (self.grid, self.assign) == ("reference", "reference"):
+            return "Ms-PoE"
+        return f"Ms-PoE ({self.assign}, {self.grid} grid)"
 
     def specs(self, model, length, segments):
         n = find_rope_stack(model).num_layers
         if not 0 <= self.first_layer < n:
             raise ValueError(f"Ms-PoE first_layer {self.first_layer} is out of range [0, {n - 1}]")
-        spec = RopeSpec(heads=OutlierHeadScales(self.min_scale, self.max_scale))
+        spec = RopeSpec(heads=self.scaler)
         return [None] * self.first_layer + [spec] * (n - self.first_layer)
 
 

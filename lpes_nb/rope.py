@@ -44,9 +44,10 @@ from .interventions import Interventions
 PositionRemap = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 # Head-wise scales computed from the input at prefill: called with the un-rotated query of the last
 # token [B, H_q, D], the un-rotated keys [B, H_kv, T, D] and a key mask [B, T] (True = real token),
-# it returns one scale per key/value head [B, H_kv]. Every forward that continues the prefill's cache
-# (a decoding step, a teacher-forced target) reuses the prefill's scales: they belong to the prompt.
-HeadScaler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# the attention module's logit scaling (None where it has none), and returns one scale per key/value
+# head [B, H_kv]. Every forward that continues the prefill's cache (a decoding step, a teacher-forced
+# target) reuses the prefill's scales: they belong to the prompt.
+HeadScaler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor]
 
 
 def positive_real(value, what: str) -> float:
@@ -485,7 +486,9 @@ class RopePatch:
         elif callable(spec.heads):
             mask = self._attention_mask
             valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) if mask is None else mask[:, -k.shape[2]:].bool()
-            self._head_scales[layer] = spec.heads(q[:, :, -1], k, valid).float()
+            # the logits scaled as this attention scales them (1/√d unless the model says otherwise)
+            scaling = getattr(getattr(self.stack.layers[layer], "self_attn", None), "scaling", None)
+            self._head_scales[layer] = spec.heads(q[:, :, -1], k, valid, scaling).float()
         b, heads_q, t, d = q.shape
         heads_kv = k.shape[1]
         if not callable(spec.heads) and len(spec.heads) != heads_kv:  # config and attention can disagree

@@ -21,7 +21,8 @@ from tests.test_methods import SAMPLES
 
 def test_every_compared_method_is_listed_once():
     methods = compared_methods([1.0, 1.5, 2.0, 1.5])
-    assert list(methods) == ["baseline", "PI", "Dynamic NTK", "Attention Buckets", "Ms-PoE", "MoICE (untrained)",
+    assert list(methods) == ["baseline", "PI", "Dynamic NTK", "Attention Buckets", "Ms-PoE", "Ms-PoE (rank, endpoints grid)",
+                             "MoICE (untrained)",
                              "CALIOPE-Moses", "CALIOPE-Hourglass", "CALIOPE-Decay", "LASP", "LPES"]
     assert methods["PI"].scales == [1.5] * 4 and methods["LPES"].scales == [1.0, 1.5, 2.0, 1.5]
     # cache keys are stable across runs (no object addresses)

@@ -67,6 +67,19 @@ def test_the_papers_numbers_come_from_their_tables():
         claims.paper_average("Qwen2.5-7B", "LASP", "mdqa")
 
 
+def test_a_method_variant_that_is_not_the_authors_code_is_not_held_against_the_paper(tmp_path):
+    table = RESULTS / "lpes_at_power" / f"claims_mdqa20_{claims.QWEN}_bfloat16.csv"
+    rows = pd.read_csv(table).head(1).assign(method="Ms-PoE (rank, endpoints grid)", verdict="no paper figure; ours: lower")
+    (tmp_path / "lpes_at_power").mkdir()
+    rows.to_csv(tmp_path / table.relative_to(RESULTS), index=False)
+    (row,) = claims.lpes_test_rows(tmp_path)
+    assert row["verdict"] == ("not comparable — ours ran Ms-PoE (rank, endpoints grid), not the authors' code's Ms-PoE; "
+                              "ours: lower") and row["paper_value"] == ""
+    rows.assign(method="Ms-PoB").to_csv(tmp_path / table.relative_to(RESULTS), index=False)
+    with pytest.raises(ValueError, match="no paper claim is known for method 'Ms-PoB'"):
+        claims.lpes_test_rows(tmp_path)
+
+
 def test_a_verdict_outside_the_vocabulary_is_refused():
     with pytest.raises(ValueError, match="verdict 'better' starts with none of"):
         claims._row(claim="x", verdict="better")

@@ -157,7 +157,7 @@ def test_a_method_whose_state_comes_from_the_prompt_scores_what_its_decoding_see
     from lpes_nb.methods import FixedSpecs, MsPoE
     from lpes_nb.rope import RopeSpec
 
-    def follows_the_query(q_last, keys, valid):  # [B, H_kv] scales in (1, 4), a smooth function of the query
+    def follows_the_query(q_last, keys, valid, scaling):  # [B, H_kv] scales in (1, 4), a smooth function of the query
         return 1.0 + 3.0 * torch.sigmoid(300 * q_last.float().reshape(q_last.shape[0], keys.shape[1], -1).mean(-1))
 
     sensitive = FixedSpecs([None] + [RopeSpec(heads=follows_the_query)] * 3)

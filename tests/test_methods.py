@@ -16,10 +16,10 @@ from lpes_nb.methods import (
     DynamicNTK,
     MsPoE,
     OutlierHeadScales,
+    assign_ratios,
     SegmentOffsets,
     lpes,
     pi,
-    rank_scales,
 )
 
 
@@ -196,11 +196,38 @@ def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
     assert not np.allclose(_logprobs(tiny_llama, tokenizer, buckets), _logprobs(tiny_llama, tokenizer, Baseline()))
 
 
-def test_ms_poe_assigns_scales_by_rank_not_argsort():
+def test_attention_buckets_cached_decoding_is_the_whole_sequence_recomputed_each_step(tiny_llama, monkeypatch):
+    """The reference combines the buckets' logits over whole sequences; ours keeps one cache per
+    bucket. Greedy tokens and each step's combined logits must be the recomputed loop's."""
+    from lpes_nb.methods import AttentionBuckets
+
+    buckets, steps = AttentionBuckets(), []
+    combine = AttentionBuckets.combine
+    monkeypatch.setattr(AttentionBuckets, "combine", staticmethod(lambda logits: steps.append(combine(logits)) or steps[-1]))
+    ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        cached = buckets.generate(tiny_llama, ids, torch.ones_like(ids), max_new_tokens=6)
+        cached_logits, steps[:] = [s[:, -1] for s in steps], []
+        seq = ids
+        for _ in range(6):
+            logits = buckets.forward(tiny_llama, seq, torch.ones_like(seq), torch.arange(seq.shape[1])[None], 1)
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(cached, seq[:, ids.shape[1]:])
+    assert max((a - b[:, -1]).abs().max().item() for a, b in zip(cached_logits, steps)) <= 1e-4
+    assert len(set(buckets.bucket_bases(tiny_llama))) == 7  # seven distinct passes, not one repeated
+
+
+def test_ms_poe_assignments_rank_by_score_index_by_argsort_or_ignore_the_score():
     scores = torch.tensor([[0.3, 0.1, 0.2]])  # ranks 2, 0, 1; argsort 1, 2, 0
-    assert rank_scales(scores, 1.2, 1.8)[0].tolist() == pytest.approx([1.8, 1.2, 1.5])
-    argsort_bug = 1.2 + 0.6 * scores.argsort(-1).float() / 2
-    assert not torch.allclose(rank_scales(scores, 1.2, 1.8), argsort_bug)
+    ratios = torch.tensor([1.2, 1.5, 1.8])
+    assert assign_ratios(scores, ratios, "rank")[0].tolist() == pytest.approx([1.8, 1.2, 1.5])
+    assert assign_ratios(scores, ratios, "reference")[0].tolist() == pytest.approx([1.5, 1.8, 1.2])
+    assert assign_ratios(scores, ratios, "normal")[0].tolist() == pytest.approx([1.8, 1.5, 1.2])
+    assert assign_ratios(torch.zeros(1, 3), ratios, "rank")[0].tolist() == pytest.approx([1.2, 1.5, 1.8])  # ties: by index
+    with pytest.raises(ValueError, match="unknown Ms-PoE head assignment 'ranks'"):
+        assign_ratios(scores, ratios, "ranks")
+    with pytest.raises(ValueError, match="unknown Ms-PoE ratio grid 'ends'"):
+        MsPoE(grid="ends")
 
 
 def test_outlier_score_gives_position_sensitive_heads_the_small_scales():
@@ -212,11 +239,11 @@ def test_outlier_score_gives_position_sensitive_heads_the_small_scales():
     keys[0, 1, 5, 0] = 4.0  # head 1: one key stands out
     keys[0, 2, [2, 7, 9], 0] = 4.0  # head 2: three keys stand out
     valid = torch.ones(1, T, dtype=torch.bool)
-    scales = OutlierHeadScales(1.2, 1.8)(q, keys, valid)
-    assert scales[0].tolist() == pytest.approx([1.8, 1.5, 1.2])
+    rank = OutlierHeadScales(1.2, 1.8, grid="endpoints", assign="rank")  # the paper's intent: outliers, small ratios
+    assert rank(q, keys, valid)[0].tolist() == pytest.approx([1.8, 1.5, 1.2])
     # padded keys do not count: masking out head 2's outliers makes it the flattest head
     valid[0, [2, 7, 9]] = False
-    assert OutlierHeadScales(1.2, 1.8)(q, keys, valid)[0, 2].item() == pytest.approx(1.8)
+    assert rank(q, keys, valid)[0, 2].item() == pytest.approx(1.8)
 
 
 def test_lasp_schedules_are_flat_to_the_anchor_then_rise():
@@ -240,7 +267,7 @@ def test_every_registered_method_implements_the_protocol_in_both_judges(tokenize
 
     tiny_llama = model_from_config(tiny_config("tiny-llama", max_position_embeddings=32768))
     methods = compared_methods([1.0, 1.5, 2.0, 1.5])
-    assert len(methods) == len(METHODS) == 11
+    assert len(methods) == len(METHODS) == 12
     protocol = ("name", "needs_segments", "specs", "context", "forward", "generate")
     for label, method in methods.items():
         assert isinstance(method, Method) and all(hasattr(method, m) for m in protocol), label

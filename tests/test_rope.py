@@ -223,8 +223,8 @@ def test_head_wise_scales_equal_a_hand_written_attention(tiny_llama):
 def test_head_scaler_runs_on_the_prefill_and_its_scales_are_kept_for_decoding(tiny_llama):
     calls = []
 
-    def scaler(q_last, keys, valid):
-        calls.append((tuple(q_last.shape), tuple(keys.shape), int(valid.sum())))
+    def scaler(q_last, keys, valid, scaling):
+        calls.append((tuple(q_last.shape), tuple(keys.shape), int(valid.sum()), scaling))
         return torch.tensor([[1.3, 2.2]]).expand(q_last.shape[0], -1)
 
     prompt = _ids(batch=1, length=30)
@@ -232,7 +232,7 @@ def test_head_scaler_runs_on_the_prefill_and_its_scales_are_kept_for_decoding(ti
         tiny_llama, {2: RopeSpec(heads=scaler), 3: RopeSpec(heads=(1.3, 2.2))}, prompt, steps=6)
     assert torch.equal(seq, reference) and diff <= 1e-4
     # shapes: last query [B, H_q, D], keys [B, H_kv, T, D]; in generate() only the prefill calls it
-    assert calls[0] == ((1, 4, 16), (1, 2, 30, 16), 30)
+    assert calls[0] == ((1, 4, 16), (1, 2, 30, 16), 30, 16**-0.5)  # the attention module's own scaling
     with RopePatch(tiny_llama, {2: RopeSpec(heads=scaler)}):
         calls.clear()
         tiny_llama.generate(prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
@@ -245,7 +245,7 @@ def test_a_continuation_of_any_length_keeps_the_prompts_head_scales(tiny_llama):
     scales would come from the continuation's last query)."""
     calls = []
 
-    def scaler(q_last, keys, valid):  # follows the query closely, so recomputed scales would show
+    def scaler(q_last, keys, valid, scaling):  # follows the query closely, so recomputed scales would show
         calls.append(tuple(q_last.shape))
         return 1.0 + 3.0 * torch.sigmoid(300 * q_last.float().reshape(q_last.shape[0], keys.shape[1], -1).mean(-1))
 
