@@ -1,9 +1,11 @@
 """MoICE: every attention head attends under several RoPE bases at once, mixed by a trained router.
 
-Per layer and head, a router reads the (un-rotated) query of each token and gives weights over the
-bases, w = softmax(gate_2(silu(gate_1(q)) * gate_3(q))); the head's output is Σ_b w_b · attention
-under base b. Only the router is trained (the model stays frozen), on the answer loss of generated
-task samples.
+A router reads the query of each token and gives weights over the bases,
+w = softmax(gate_2(act(gate_1(q)) * gate_3(q))); the head's output is Σ_b w_b · attention under base b.
+Two routers: :class:`Router`, this workbook's (one per layer *and* head, on the un-rotated RMS-normalised
+query, trained on the answer loss of task samples: the rows stored so far), and :class:`ReferenceRouter`,
+the reference code's (one per layer shared by its heads, on the query rotated with the first base). Only
+the router is trained; the model stays frozen.
 
 On the mechanism: a :class:`~lpes_nb.rope.RopePatch` with masked positions in every layer hands
 the attention its queries and keys un-rotated (and caches the keys that way); the registered
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import AttentionInterface
+from transformers.activations import ACT2FN
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
@@ -61,6 +64,37 @@ class Router(nn.Module):
         return torch.einsum("bhtk,hke->bhte", h, self.gate_2[layer]).softmax(-1)
 
 
+class ReferenceRouter(nn.Module):
+    """The router as the reference code builds it (p1nksnow/MoICE, ``modeling/modeling_llama.py``): one
+    gated MLP per layer shared by all its heads, ``gate_1``, ``gate_3``: head_dim -> E and ``gate_2``:
+    E -> E without biases, w = softmax(gate_2(act(gate_1(q)) · gate_3(q))) on each head's query *rotated
+    with the first base*, kept on the ``topk`` largest logits and renormalised (its script: top 7 of 7,
+    i.e. every base). ``act`` is the model's MLP activation, as the reference's ``ACT2FN[hidden_act]``.
+    Drawn as the reference's untrained gates are (a model's ``_init_weights``: normal, std 0.02)."""
+
+    rotated_input = True  # _attention hands it the query under the first base
+
+    def __init__(self, num_layers: int, head_dim: int, num_bases: int, act: str = "silu", topk: int | None = None,
+                 seed: int = 0, std: float = 0.02):
+        super().__init__()
+        if topk is not None and not 1 <= topk <= num_bases:
+            raise ValueError(f"MoICE topk must be in [1, {num_bases}] (the number of bases), got {topk!r}")
+        g = torch.Generator().manual_seed(seed)
+        self.gate_1 = nn.Parameter(torch.randn(num_layers, head_dim, num_bases, generator=g) * std)
+        self.gate_3 = nn.Parameter(torch.randn(num_layers, head_dim, num_bases, generator=g) * std)
+        self.gate_2 = nn.Parameter(torch.randn(num_layers, num_bases, num_bases, generator=g) * std)
+        self.act, self.topk = ACT2FN[act], topk or num_bases
+
+    def forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        h = self.act(q @ self.gate_1[layer].to(q.dtype)) * (q @ self.gate_3[layer].to(q.dtype))
+        logits = h @ self.gate_2[layer].to(q.dtype)
+        weights = logits.float().softmax(-1)
+        if self.topk < weights.shape[-1]:
+            kept = torch.zeros_like(weights, dtype=torch.bool).scatter_(-1, logits.topk(self.topk, dim=-1).indices, True)
+            weights = torch.where(kept, weights, 0.0)
+        return weights / weights.sum(-1, keepdim=True)
+
+
 def _attention(module, query, key, value, attention_mask, **kwargs):
     """Registered as ``lpes_moice``: q [B, H, T, D] and k [B, H_kv, S, D] arrive un-rotated."""
     router, stack, rotate, tables = getattr(module, _STATE)
@@ -68,13 +102,12 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
     q_pos = kwargs["position_ids"].float()  # [B or 1, T]
     # keys are contiguous positions ending at the last query's (left padding keeps that true)
     k_pos = q_pos[:, -1:] - torch.arange(key.shape[2] - 1, -1, -1, device=key.device, dtype=torch.float)
-    weights = router(layer, query).to(query.dtype)  # [B, H, T, E]
+    queries = [rotate(query, *stack.tables(layer, inv_freq, q_pos, query)) for inv_freq in tables]
+    weights = router(layer, queries[0] if getattr(router, "rotated_input", False) else query).to(query.dtype)  # [B, H, T, E]
     out = 0.0
     for e, inv_freq in enumerate(tables):
-        q_cos, q_sin = stack.tables(layer, inv_freq, q_pos, query)
         k_cos, k_sin = stack.tables(layer, inv_freq, k_pos, key)
-        o, _ = sdpa_attention_forward(module, rotate(query, q_cos, q_sin), rotate(key, k_cos, k_sin), value,
-                                      attention_mask, **kwargs)
+        o, _ = sdpa_attention_forward(module, queries[e], rotate(key, k_cos, k_sin), value, attention_mask, **kwargs)
         out = out + o * weights[..., e].transpose(1, 2)[..., None]  # o: [B, T, H, D]
     return out, None
 
@@ -108,6 +141,13 @@ class MoICE(Method):
 
     def model_bases(self, model) -> list[float]:
         return rescaled_bases(model, REFERENCE_BASES, self.bases, "MoICE")
+
+    def new_reference_router(self, model, topk: int | None = None, seed: int = 0) -> ReferenceRouter:
+        """:class:`ReferenceRouter` for ``model`` (its layers, head size, activation and this method's bases)."""
+        cfg = model.config.get_text_config()
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        router = ReferenceRouter(cfg.num_hidden_layers, head_dim, len(self.model_bases(model)), cfg.hidden_act, topk, seed)
+        return router.to(model.device)
 
     def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:
         cfg = model.config
