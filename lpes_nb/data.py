@@ -19,6 +19,7 @@ from pathlib import Path
 
 MDQA_FILE = "mdqa/nq-open-20_total_documents_gold_at_0.jsonl.gz"
 MDQA_RECORDS = 441  # the questions with real retrieved distractors in MDQA_FILE
+ORACLE_FILE = "mdqa/nq-open-oracle.jsonl.gz"  # every NQ-open question with its gold passage (general text for training)
 KV_FILES = {75: "kv/kv-retrieval-75_keys.jsonl.gz", 140: "kv/kv-retrieval-140_keys.jsonl.gz"}  # pairs -> file
 KV_FILE = KV_FILES[75]
 KV_RECORDS = 500  # records in each KV file
@@ -93,6 +94,27 @@ def load_mdqa(limit: int | None = None, data_dir: str | Path | None = None) -> l
         if not {"question", "answers", "ctxs"} <= r.keys() or not r["ctxs"] or not r["ctxs"][0].get("isgold"):
             raise ValueError(f"MDQA record {i} does not follow the schema (question, answers, ctxs with the gold first)")
     return records
+
+
+def general_text(tokenizer, sequences: int, tokens: int, data_dir: str | Path | None = None) -> list[list[int]]:
+    """``sequences`` token sequences of ``tokens`` tokens each for training a router on general text (MoICE
+    as published trains on instruction data, never on the evaluated task): NQ-open passages with their
+    question and first answer, in the oracle file's order, packed one after another. Every question among
+    the 441 MDQA-20 records is left out, so no test question or passage is trained on."""
+    held_out = {r["question"] for r in load_mdqa(data_dir=data_dir)}
+    pool = [r for r in read_jsonl_gz(_data_file(ORACLE_FILE, data_dir)) if r["question"] not in held_out]
+    ids, out = [], []
+    for r in pool:
+        doc = r["ctxs"][0]
+        ids += tokenizer(f"{doc['title']}\n{doc['text']}\nQuestion: {r['question']}\nAnswer: {r['answers'][0]}\n\n",
+                         add_special_tokens=False)["input_ids"]
+        while len(ids) >= tokens and len(out) < sequences:
+            out.append(ids[:tokens])
+            ids = ids[tokens:]
+        if len(out) == sequences:
+            return out
+    raise ValueError(f"the {len(pool)} oracle records not among the MDQA-20 questions make {len(out)} sequences of "
+                     f"{tokens} tokens, not the {sequences} asked for")
 
 
 def format_document(index: int, title: str, text: str) -> str:

@@ -35,11 +35,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
 from . import footprint
+from .data import general_text
 from .interventions import Interventions
 from .methods import Method
 from .results import atomic_write, cache_key, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
-from .training import answer_batch, backward_answer_nll, frozen
+from .training import answer_batch, backward_answer_nll, backward_lm_nll, frozen
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
@@ -213,38 +214,87 @@ def train_router(model, tokenizer, samples, budget: RouterTraining = RouterTrain
     drawn up front from the seed). A checkpoint made for another ``key`` (default: the budget's
     recipe) is refused, not resumed."""
     method = MoICE()
-    router = method.new_router(model, budget.hidden, budget.seed)
-    method.router = router
-    optimiser = torch.optim.Adam(router.parameters(), lr=budget.lr)
+    method.router = method.new_router(model, budget.hidden, budget.seed)
     prompts, targets, pad = answer_batch(tokenizer, samples)
     rng = np.random.default_rng(budget.seed)
     batches = [rng.choice(len(samples), size=min(budget.batch_size, len(samples)), replace=False) for _ in range(budget.steps)]
-    key = json.dumps(key or budget.recipe, sort_keys=True)
+
+    def loss_of(batch):
+        return backward_answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
+                                   micro_batch=budget.micro_batch)
+    _fit(model, method, torch.optim.Adam(method.router.parameters(), lr=budget.lr), batches, loss_of, budget,
+         checkpoint, json.dumps(key or budget.recipe, sort_keys=True), progress)
+    return method
+
+
+@dataclass
+class ReferenceTraining:
+    """MoICE's training as its reference script runs it (``training/train.sh``): only the gates, the
+    whole-sequence language-model loss, AdamW at a constant lr 1e-4 (its ``warmup_ratio`` is ignored
+    by the ``constant`` schedule it names), 7 steps of 128 sequences (32 accumulated on each of 4 GPUs).
+    Its data is general instruction text (OpenHermes) up to 4,096 tokens; ours is
+    :func:`lpes_nb.data.general_text` (NQ passages with question and answer, the MDQA-20 questions left
+    out) in sequences of ``tokens`` tokens. Its router loss term (0.3 × load balance) is constant when
+    every base is kept (top 7 of 7), so it adds no gradient and is left out."""
+
+    steps: int = 7
+    batch_size: int = 128
+    lr: float = 1e-4
+    tokens: int = 1024
+    seed: int = 0
+    micro_batch: int | None = None  # memory only, not in the recipe
+    history: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def recipe(self) -> dict:
+        return dict(router="reference", steps=self.steps, batch_size=self.batch_size, lr=self.lr, tokens=self.tokens,
+                    seed=self.seed, data="NQ-open oracle passages without the MDQA-20 questions")
+
+
+def train_reference_router(model, tokenizer, budget: ReferenceTraining = ReferenceTraining(), progress: bool = True,
+                           checkpoint: Path | None = None, key: dict | None = None) -> MoICE:
+    """MoICE with :class:`ReferenceRouter` trained as published (:class:`ReferenceTraining`), the model
+    frozen; checkpointed and resumable as :func:`train_router`. Returns the method."""
+    method = MoICE()
+    method.router = method.new_reference_router(model, seed=budget.seed)
+    text = general_text(tokenizer, budget.steps * budget.batch_size, budget.tokens)
+    batches = [text[i * budget.batch_size:(i + 1) * budget.batch_size] for i in range(budget.steps)]
+    optimiser = torch.optim.AdamW(method.router.parameters(), lr=budget.lr, weight_decay=0.0)
+    _fit(model, method, optimiser, batches, lambda batch: backward_lm_nll(model, batch, budget.micro_batch), budget,
+         checkpoint, json.dumps(key or budget.recipe, sort_keys=True), progress)
+    return method
+
+
+def _fit(model, method: MoICE, optimiser, batches: list, loss_of: Callable, budget, checkpoint: Path | None, key: str,
+         progress: bool) -> None:
+    """The routers' training loop: per batch, ``loss_of(batch)`` (its backward pass, returning the loss)
+    under the method, then one optimiser step; ``budget.history`` and ``.seconds`` record it. With
+    ``checkpoint``, resumable step for step from the state written after every step; a checkpoint made
+    for another ``key`` is refused."""
     if checkpoint is not None and Path(checkpoint).exists():
         state = torch.load(checkpoint, weights_only=True)
         if state["key"] != key:
             raise ValueError(f"MoICE router checkpoint {checkpoint} was made for {state['key']}, this training is "
                              f"{key}; delete the checkpoint to train this recipe from its first step")
-        router.load_state_dict(state["router"])
+        method.router.load_state_dict(state["router"])
         optimiser.load_state_dict(state["adam"])
         budget.history[:], budget.seconds = state["history"], state["seconds"]
     with frozen(model):
         for batch in tqdm(batches[len(budget.history):], desc="MoICE router", initial=len(budget.history),
-                          total=budget.steps, disable=not progress):
+                          total=len(batches), disable=not progress):
             start = time.perf_counter()
             optimiser.zero_grad()
             with method.context(model, 0, None):
-                loss = backward_answer_nll(model, [prompts[i] for i in batch], [targets[i] for i in batch], pad,
-                                           micro_batch=budget.micro_batch)
+                loss = loss_of(batch)
             optimiser.step()
             budget.history.append(loss)
             budget.seconds += time.perf_counter() - start
             if checkpoint is not None:
                 state = io.BytesIO()
-                torch.save(dict(key=key, router=router.state_dict(), adam=optimiser.state_dict(), history=budget.history,
-                                seconds=budget.seconds), state)
+                torch.save(dict(key=key, router=method.router.state_dict(), adam=optimiser.state_dict(),
+                                history=budget.history, seconds=budget.seconds), state)
                 atomic_write(checkpoint, state.getvalue())
-    return method
 
 
 def router_files(path: Path) -> tuple[Path, Path, Path]:

@@ -68,3 +68,21 @@ def backward_answer_nll(model, prompts: list[list[int]], targets: list[list[int]
         loss.backward()
         value += float(loss.detach())
     return value
+
+
+def backward_lm_nll(model, sequences: list[list[int]], micro_batch: int | None = None) -> float:
+    """The whole-sequence language-model loss (mean negative log-likelihood of every next token, as the
+    reference MoICE trains its router: ``pretrain_loss``) over equally long ``sequences``, backward in
+    chunks of ``micro_batch`` sequences (the same gradient); returns the loss."""
+    if len({len(s) for s in sequences}) != 1 or len(sequences[0]) < 2:
+        raise ValueError(f"sequences must be equally long, of >= 2 tokens; got lengths {sorted({len(s) for s in sequences})}")
+    step = micro_batch or len(sequences)
+    value = 0.0
+    for start in range(0, len(sequences), step):
+        ids = torch.tensor(sequences[start:start + step], device=model.device)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss = loss * (len(ids) / len(sequences))
+        loss.backward()
+        value += float(loss.detach())
+    return value

@@ -102,3 +102,35 @@ def test_an_unrotated_query_is_not_the_references_router_input(model):
 def test_topk_outside_the_bases_is_refused():
     with pytest.raises(ValueError, match=r"MoICE topk must be in \[1, 7\] \(the number of bases\), got 8"):
         ReferenceRouter(2, 16, 7, topk=8)
+
+
+def test_reference_training_moves_only_the_gates_and_resumes_step_for_step(tmp_path, tokenizer):
+    from lpes_nb.moice import ReferenceTraining, train_reference_router
+
+    model = model_from_config(tiny_config("tiny-llama"), seed=4)
+    before = [p.detach().clone() for p in model.parameters()]
+    budget = ReferenceTraining(steps=3, batch_size=2, lr=1e-2, tokens=48)
+    whole = train_reference_router(model, tokenizer, budget, progress=False)
+    assert len(budget.history) == 3 and all(math.isfinite(v) for v in budget.history)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model stays frozen
+    untrained = MoICE().new_reference_router(model, seed=0)
+    assert not torch.equal(whole.router.gate_2, untrained.gate_2)
+    checkpoint = tmp_path / "router.ckpt.pt"
+    train_reference_router(model, tokenizer, ReferenceTraining(steps=2, batch_size=2, lr=1e-2, tokens=48), False, checkpoint,
+                           key={"recipe": "a"})
+    resumed_budget = ReferenceTraining(steps=3, batch_size=2, lr=1e-2, tokens=48)
+    resumed = train_reference_router(model, tokenizer, resumed_budget, False, checkpoint, key={"recipe": "a"})
+    assert resumed_budget.history == pytest.approx(budget.history)
+    assert torch.allclose(resumed.router.gate_2, whole.router.gate_2)
+    with pytest.raises(ValueError, match="was made for"):
+        train_reference_router(model, tokenizer, ReferenceTraining(steps=3, batch_size=2, lr=1e-2, tokens=48), False, checkpoint,
+                               key={"recipe": "b"})
+
+
+def test_general_text_leaves_out_every_mdqa20_question(tokenizer):
+    from lpes_nb.data import general_text, load_mdqa
+
+    text = tokenizer.decode(sum(general_text(tokenizer, 40, 256), []))
+    assert not any(f"Question: {r['question']}\n" in text for r in load_mdqa())
+    with pytest.raises(ValueError, match="not the 100000 asked for"):
+        general_text(tokenizer, 100000, 256)
