@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from .models import model_label
 from .results import output_dir
 
 STYLE = {
@@ -51,10 +52,21 @@ def intervals(ax, x, y, low, high, label: str | None = None, color: str = COLOUR
                 fmt="none", capsize=3, color=color, lw=1)
 
 
-def save(fig, name: str, profile: str) -> None:
-    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``. Returns nothing, so that a notebook cell
-    ending in ``plots.save(...)`` shows only the figure (nbval executes without input history, where
-    IPython ignores a trailing semicolon)."""
+def stamp(model: str, dtype, n: str, intervals: str | None = None) -> str:
+    """What a figure stands on, for :func:`save`: the model with its quantisation and dtype, ``n`` (say of
+    what: "30 records per position") and the intervals drawn, if any."""
+    dtype = str(dtype).removeprefix("torch.")
+    return " · ".join([model_label(model, dtype), n] + ([intervals] if intervals else []))
+
+
+def save(fig, name: str, profile: str, stamp: str) -> None:
+    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``, with ``stamp`` (:func:`stamp`: model,
+    quantisation, dtype, n, intervals) printed under the figure, so that a figure read alone, in print,
+    says what it stands on. Returns nothing, so that a notebook cell ending in ``plots.save(...)`` shows
+    only the figure (nbval executes without input history, where IPython ignores a trailing semicolon)."""
+    if not isinstance(stamp, str) or not stamp.strip():
+        raise ValueError(f"figure {name!r}: a stamp naming model, quantisation, dtype and n is required, got {stamp!r}")
+    fig.text(0.5, 0.0, stamp, ha="center", va="top", fontsize=7, color="0.3")  # bbox "tight" grows to hold it
     directory = output_dir("figures", profile)
     # no creation date: a rerun that draws the same figure leaves the committed file unchanged
     fig.savefig(directory / f"{name}.png", dpi=200)

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from lpes_nb import plots, results
 from lpes_nb.ga import BezierSpace, GAConfig
@@ -108,11 +109,15 @@ def test_figures_and_json_are_byte_identical_when_redrawn(store):
         fig, ax = plt.subplots()
         ax.plot([1, 2, 3], [0.2, 0.5, 0.4], marker="o", label="a")
         ax.set_title("same figure"); ax.legend()
-        plots.save(fig, "determinism", "smoke")
+        plots.save(fig, "determinism", "smoke", plots.stamp("qwen2.5-coder-0.5b", "bfloat16", "3 points"))
         plt.close(fig)
         return [(store / "figures" / "smoke" / f"determinism.{ext}").read_bytes() for ext in ("png", "pdf")]
 
     assert draw() == draw()
+    assert plots.stamp("qwen2.5-coder-0.5b", torch.bfloat16, "3 records", "Wilson 95 % CIs") == (
+        "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, de-quantised, bfloat16) · 3 records · Wilson 95 % CIs")
+    with pytest.raises(ValueError, match="figure 'unstamped': a stamp naming model, quantisation, dtype and n is required"):
+        plots.save(plt.subplots()[0], "unstamped", "smoke", " ")
     payload = {"b": [1.5, 2.0], "a": {"z": 1, "y": 0.1}}
     first = results.write_json(store / "p.json", payload).read_bytes()
     assert results.write_json(store / "p.json", dict(reversed(payload.items()))).read_bytes() == first
