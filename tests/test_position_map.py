@@ -201,3 +201,21 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
     monkeypatch.setitem(TASKS, "kv", replace(TASKS["kv"], answer_forms=("{}",)))  # a bare target: stored = fresh
     with pytest.raises(ValueError, match=r"scores its answers as given .* nothing to re-score"):
         position_map.rescore_cell(model, tokenizer, name, "float32", "kv", 75, range(2), 4, "smoke", progress=False)
+
+
+def test_the_rescored_kv75_cell_scores_what_the_model_writes_on_every_record_stored_so_far():
+    """Issue #99's acceptance, on the Qwen KV-75 cell re-scored under the written forms (it grows record by
+    record): an answer judged correct has a gold log-prob near zero (median of the correct rows >= -1 nat,
+    where the bare target gave -3 ... -12), and greedy decoding starting with the gold answer is exactly
+    what the generated answer's correctness says."""
+    from lpes_nb.models import QWEN
+
+    cell = position_map.record_table(QWEN, "bfloat16", "kv", 75, 8, "cpu", None, None)
+    done = sorted(cell.done())
+    if not done:
+        pytest.skip(f"{cell.path.name}: no record re-scored yet")
+    frame = cell.frame(done)
+    correct = frame[frame["correct"] == 1]
+    assert len(done) >= 14 and len(correct) >= 50
+    assert correct["gold_logprob"].median() >= -1.0
+    assert (frame["gold_first"] == frame["correct"]).all()
