@@ -276,3 +276,28 @@ def method_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "corr
     out["verdict"] = [verdict_word(r.difference, r.ci_low, r.ci_high, r.p_holm, r.mde, alpha) for r in out.itertuples()]
     return out
 
+
+
+def size_differences(cells: dict[str, pd.DataFrame], pairs, value: str = "correct", record: str = "record",
+                     position: str = "relative_position", alpha: float = 0.05) -> pd.DataFrame:
+    """Model against model on the same records of one map cell (``cells``: model label -> its long table;
+    ``pairs``: (larger, smaller) labels): :func:`method_differences` at each position, on the average
+    over positions and on ends − middle (each record's own contrast, so every interval is clustered by
+    record), compared on the larger model's records (it may hold fewer while its map grows); one Holm
+    family per pair over all of these, the verdict from it."""
+    rows = []
+    for larger, smaller in pairs:
+        both = {k: cells[k] for k in (larger, smaller)}
+        per_position = method_differences(both, [(larger, smaller)], value, record, position, alpha, on_method_records=True)
+        shape = {}
+        for name, cell in both.items():
+            wide = paired_wide(cell, value, record, position)
+            shape[name] = pd.DataFrame({record: wide.index, position: 0.5,
+                                        value: CONTRASTS["ends_minus_middle"](wide["first"], wide["middle"], wide["last"]).to_numpy()})
+        contrast = method_differences(shape, [(larger, smaller)], value, record, position, alpha, on_method_records=True)
+        contrast = contrast[contrast["position"] != "average"].assign(position="ends − middle")
+        family = pd.concat([per_position, contrast], ignore_index=True)
+        family["p_holm"] = multipletests(family["p"], method="holm")[1]
+        family["verdict"] = [verdict_word(r.difference, r.ci_low, r.ci_high, r.p_holm, r.mde, alpha) for r in family.itertuples()]
+        rows.append(family)
+    return pd.concat(rows, ignore_index=True)

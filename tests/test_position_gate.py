@@ -156,3 +156,24 @@ def test_a_method_comparison_refuses_unpaired_records_and_never_has_zero_width()
     same = position_gate.method_differences({**cells, "copy": cells["reference"]}, [("copy", "reference")])
     assert (same.difference == 0).all() and (same.ci_high > 0).all() and (same.ci_low < 0).all()
     assert same.verdict.iloc[-1] == "undetermined: no record differs"
+
+
+def test_size_differences_pair_records_per_position_and_on_ends_minus_middle_in_one_holm_family():
+    from lpes_nb.position_gate import size_differences
+
+    rng = np.random.default_rng(0)
+    positions = (0.0, 0.25, 0.5, 0.75, 1.0)
+    def cell(middle_rate, records):
+        return pd.DataFrame([{"record": r, "relative_position": p,
+                              "correct": float(rng.random() < (0.9 if p in (0.0, 1.0) else middle_rate))}
+                             for r in records for p in positions])
+    small, large = cell(0.2, range(200)), cell(0.8, range(120))  # the larger model: no dip, fewer records so far
+    out = size_differences({"1.5B": large, "0.5B": small}, [("1.5B", "0.5B")])
+    assert list(out.position) == [*positions, "average", "ends − middle"] and (out.n == 120).all()
+    shape = out.set_index("position").loc["ends − middle"]
+    assert shape.difference < -0.4 and shape.ci_high < 0 and shape.verdict.startswith("lower")
+    assert (out.p_holm >= out.p - 1e-12).all()
+    ends = out.set_index("position").loc[0.0]
+    assert ends.ci_low < 0 < ends.ci_high  # equal at the first position: no difference claimed
+    with pytest.raises(ValueError, match="not paired"):
+        size_differences({"1.5B": cell(0.8, range(300, 320)), "0.5B": small}, [("1.5B", "0.5B")])
