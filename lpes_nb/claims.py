@@ -169,6 +169,28 @@ def the_stored(results: Path, step: str) -> Path:
     return found[0]
 
 
+RSM_SOURCE = "structure_deviation_paired.csv"  # notebook 4's paired table
+
+
+def rsm_rows(results: Path) -> list[dict]:
+    """LPES Fig. 3: the smooth Bézier scales disturb the layer-wise representation structure (D, Eq. 12–13)
+    less than the other scalings, from notebook 4's paired table (per input, the ratio D(Bézier) / D(other))."""
+    params = pd.read_json(the_stored(results, "structure_deviation").with_suffix(".json"), typ="series")
+    rows = []
+    for r in pd.read_csv(results / RSM_SOURCE).itertuples():
+        verdict = ("reproduced" if r.ci_high < 1 else "opposite" if r.ci_low > 1 else
+                   f"not reproduced — no difference resolved on {r.inputs} inputs (no MDE for a median ratio)")
+        rows.append(_row(claim=f"smooth Bézier scales disturb the layer-wise RSM less than {r.variant} scales (D, Eq. 13)",
+                         paper=LPES, where="Sec. 3, Eq. 12–13, Fig. 3", paper_value="lower (a figure, no number)",
+                         paper_setting="Vicuna-v1.5-7B, 500 MDQA examples, 16 seeds",
+                         ours_setting=f"{model_label(params['model'], params['dtype'])}; {r.inputs} MDQA inputs, "
+                                      f"seeds {list(params['seeds'])}; lower on {r.reference_lower} of {r.inputs}",
+                         ours=r.median_ratio, ci_low=r.ci_low, ci_high=r.ci_high,
+                         interval="95 % bootstrap CI over inputs (median per-input ratio)", unit="× (D ratio)", n=r.inputs,
+                         verdict=verdict, notebook="04", source=RSM_SOURCE))
+    return rows
+
+
 def latency_rows(results: Path) -> list[dict]:
     """LPES Table 4: each method's inference time over the baseline's, against the paper's."""
     source = the_stored(results, "benchmark_latency")
@@ -220,8 +242,8 @@ def unanswered() -> list[dict]:
 def ledger(results: Path | None = None) -> pd.DataFrame:
     """Every claim's row (see the module docstring), from the stored tables under ``results``."""
     results = output_dir("results", "cpu") if results is None else Path(results)
-    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *latency_rows(results),
-            *(_row(**r) for r in unanswered())]
+    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *rsm_rows(results),
+            *latency_rows(results), *(_row(**r) for r in unanswered())]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -243,7 +265,10 @@ def findings_table(table: pd.DataFrame) -> str:
     """The README's findings: the ledger's rows with a confidence interval, as Markdown."""
     lines = ["| claim | paper (where) | paper | ours [95 % CI], n | verdict |", "|---|---|---|---|---|"]
     for r in table[table.interval.str.startswith("95 %")].itertuples():
-        ours = f"{_signed(r.ours)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] {r.unit}, n = {int(r.n)}"
+        if r.unit.startswith("×"):  # a ratio: no sign, two decimals
+            ours = f"{r.ours:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] {r.unit}, n = {int(r.n)}"
+        else:
+            ours = f"{_signed(r.ours)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] {r.unit}, n = {int(r.n)}"
         lines.append(f"| {r.claim} | {r.paper}, {r.where} | {r.paper_value or '—'} | {ours} | {r.verdict} |")  # '—': no figure
     return "\n".join(lines)
 
