@@ -191,6 +191,26 @@ def rsm_rows(results: Path) -> list[dict]:
     return rows
 
 
+SMOOTHNESS_SOURCE = "search_smoothness.csv"  # notebook 5's per-layer GA, first against last generation
+
+
+def smoothness_rows(results: Path) -> list[dict]:
+    """LPES Fig. 4: a brute-force (per-layer) GA's population evolves toward smoother scales."""
+    rows = []
+    for r in pd.read_csv(results / SMOOTHNESS_SOURCE).itertuples():
+        verdict = ("reproduced" if r.ci_high < 0 else "opposite" if r.ci_low > 0 else
+                   f"not reproduced — no change resolved over {r.generations} generations")
+        rows.append(_row(claim="a brute-force per-layer GA's population evolves toward smoother scales (S, last − first generation)",
+                         paper=LPES, where="Sec. 3, Fig. 4", paper_value="decreasing (a figure, no number)",
+                         paper_setting="brute-force GA on 200 MDQA inputs, individuals from U(1, 2)",
+                         ours_setting=f"{model_label(r.model, r.dtype)}; notebook 5's per-layer GA, "
+                                      f"{r.generations} generations of {r.individuals}; S {r.first_mean:.2f} → {r.last_mean:.2f}",
+                         ours=r.difference, ci_low=r.ci_low, ci_high=r.ci_high,
+                         interval="95 % bootstrap CI over individuals (approximate: survivors carry over)", unit="S",
+                         n=r.individuals, verdict=verdict, notebook="05", source=SMOOTHNESS_SOURCE))
+    return rows
+
+
 def latency_rows(results: Path) -> list[dict]:
     """LPES Table 4: each method's inference time over the baseline's, against the paper's."""
     source = the_stored(results, "benchmark_latency")
@@ -242,7 +262,7 @@ def unanswered() -> list[dict]:
 def ledger(results: Path | None = None) -> pd.DataFrame:
     """Every claim's row (see the module docstring), from the stored tables under ``results``."""
     results = output_dir("results", "cpu") if results is None else Path(results)
-    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *rsm_rows(results),
+    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *rsm_rows(results), *smoothness_rows(results),
             *latency_rows(results), *(_row(**r) for r in unanswered())]
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -257,8 +277,8 @@ def write(results: Path | None = None) -> Path:
     return write_csv(results / "claims.csv", ledger(results))
 
 
-def _signed(x: float) -> str:
-    return f"{round(x, 1) + 0.0:+.1f}".replace("-", "−")  # + 0.0: a -0.0 prints as +0.0
+def _signed(x: float, digits: int = 1) -> str:
+    return f"{round(x, digits) + 0.0:+.{digits}f}".replace("-", "−")  # + 0.0: a -0.0 prints as +0.0
 
 
 def findings_table(table: pd.DataFrame) -> str:
@@ -267,8 +287,9 @@ def findings_table(table: pd.DataFrame) -> str:
     for r in table[table.interval.str.startswith("95 %")].itertuples():
         if r.unit.startswith("×"):  # a ratio: no sign, two decimals
             ours = f"{r.ours:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] {r.unit}, n = {int(r.n)}"
-        else:
-            ours = f"{_signed(r.ours)} [{_signed(r.ci_low)}, {_signed(r.ci_high)}] {r.unit}, n = {int(r.n)}"
+        else:  # points to one decimal, the smaller units (nats, S) to two
+            d = 1 if r.unit == "points" else 2
+            ours = f"{_signed(r.ours, d)} [{_signed(r.ci_low, d)}, {_signed(r.ci_high, d)}] {r.unit}, n = {int(r.n)}"
         lines.append(f"| {r.claim} | {r.paper}, {r.where} | {r.paper_value or '—'} | {ours} | {r.verdict} |")  # '—': no figure
     return "\n".join(lines)
 

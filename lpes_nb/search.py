@@ -204,6 +204,25 @@ def run_ablation(model, tokenizer, run: tuple[str, object, dict], search_task, t
             "smoothness": res.history.loc[res.history.fitness.idxmax(), "smoothness"]}
 
 
+def smoothness_trend(history: pd.DataFrame, n_boot: int = 4000, seed: int = 0) -> pd.DataFrame:
+    """LPES Fig. 4's question of a per-layer GA's ``history`` (one row per individual and generation): does
+    the population grow smoother? One row: the mean smoothness S of the first and the last generation's
+    individuals, their difference (last − first; negative: smoother) and its 95 % bootstrap interval,
+    individuals drawn within each generation. (Survivors carried over make the two generations not
+    independent: the interval is approximate, a direction with its scale, not a test.)"""
+    first, last = (history.loc[history.generation == g, "smoothness"].to_numpy() for g in
+                   (history.generation.min(), history.generation.max()))
+    if len(first) < 2 or len(last) < 2 or history.generation.nunique() < 2:
+        raise ValueError("the smoothness trend needs two generations of at least two individuals each")
+    rng = np.random.default_rng(seed)
+    boot = (last[rng.integers(0, len(last), (n_boot, len(last)))].mean(1)
+            - first[rng.integers(0, len(first), (n_boot, len(first)))].mean(1))
+    return pd.DataFrame([{"generations": int(history.generation.max()), "individuals": len(last),
+                          "first_mean": float(first.mean()), "last_mean": float(last.mean()),
+                          "difference": float(last.mean() - first.mean()), "ci_low": float(np.quantile(boot, 0.025)),
+                          "ci_high": float(np.quantile(boot, 0.975))}])
+
+
 def search_key(**parts) -> str:
     """A short name suffix for a search configuration (for file names of ablation runs)."""
     return cache_key(**{k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in parts.items()})

@@ -199,3 +199,15 @@ def test_bad_space_and_fitness_are_named():
         GeneticSearch(BezierSpace(L), lambda s: [0.0], SMALL, progress=False).run()
     with pytest.raises(RuntimeError, match="search space is too small"):
         GeneticSearch(BezierSpace(4, y_range=(1.0, 1.1)), TargetCurveFitness((1.0,) * 4), GAConfig(), progress=False).run()
+
+
+def test_smoothness_trend_compares_the_first_and_last_generation_with_an_interval():
+    from lpes_nb.search import smoothness_trend
+
+    rng = np.random.default_rng(1)
+    history = pd.DataFrame([{"generation": g, "smoothness": 0.7 - 0.05 * g + rng.normal(0, 0.02)} for g in range(5) for _ in range(12)])
+    (row,) = smoothness_trend(history).to_dict("records")
+    assert row["generations"] == 4 and row["individuals"] == 12
+    assert row["ci_low"] < row["difference"] < row["ci_high"] < 0 and row["difference"] == pytest.approx(-0.2, abs=0.03)
+    with pytest.raises(ValueError, match="two generations of at least two individuals"):
+        smoothness_trend(history[history.generation == 0])
