@@ -246,7 +246,7 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
     assert hours["search: GA"] == pytest.approx(5, rel=1e-2) and hours["validation"] == pytest.approx(5, rel=1e-2)
     for method in ("baseline", "LPES", "PI"):  # share prefixes
         assert hours[f"test: {method}"] == pytest.approx(20, rel=1e-2)
-    for method in ("Ms-PoE", "CALIOPE-Moses", "MoICE", "Attention Buckets"):  # decode and score plain
+    for method in ("Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "MoICE", "Attention Buckets"):  # decode and score plain
         assert hours[f"test: {method}"] == pytest.approx(30 + 10, rel=1e-2)
     assert plan.loc["test: Attention Buckets", "prompts"] == PASSES["Attention Buckets"] * plan.loc["test: MoICE", "prompts"]
     assert hours["search: GA (free)"] == pytest.approx(5, rel=1e-2) and hours["test: PI (searched on kv75)"] == pytest.approx(20, rel=1e-2)
