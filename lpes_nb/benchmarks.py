@@ -34,7 +34,7 @@ from .metrics import perplexity
 from .models import load_model, load_tokenizer
 from .moice import MoICE, router_digest
 from .results import cached_table, reading_only
-from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
+from .rope import RopeSpec, dynamic_ntk_base, find_rope_stack, key_value_heads, rope_context, single_base
 from .tasks import EvalSettings, TaskConfig, scoring_key
 from .timing import interleaved_times, ratio_to_baseline
 
@@ -71,9 +71,7 @@ def ms_poe_parts(model, ms_poe: MsPoE | None = None) -> dict[str, Method]:
     ratio from its first layer on (the ratio range without the heads)."""
     ms_poe = ms_poe or MsPoE()
     layers = find_rope_stack(model).num_layers
-    config = model.config.get_text_config()
-    heads_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    mean = float(ms_poe_ratios(heads_kv, ms_poe.min_scale, ms_poe.max_scale, ms_poe.grid).mean())
+    mean = float(ms_poe_ratios(key_value_heads(model), ms_poe.min_scale, ms_poe.max_scale, ms_poe.grid).mean())
     first = ms_poe.first_layer
     pi_label = f"PI ×{mean:.2f} from layer {first}"
     return {ms_poe.name: ms_poe, f"{ms_poe.name}, fixed head order": replace(ms_poe, assign="normal"),

@@ -119,6 +119,12 @@ def _register() -> None:
         AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
 
 
+def _attention_shape(model):
+    """The model's text config and its attention's head size."""
+    cfg = model.config.get_text_config()
+    return cfg, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 @dataclass
 class MoICE(Method):
     """MoICE with a router (``None``: uniform mixing, the untrained start). ``bases=None`` takes the
@@ -145,14 +151,12 @@ class MoICE(Method):
 
     def new_reference_router(self, model, topk: int | None = None, seed: int = 0) -> ReferenceRouter:
         """:class:`ReferenceRouter` for ``model`` (its layers, head size, activation and this method's bases)."""
-        cfg = model.config.get_text_config()
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cfg, head_dim = _attention_shape(model)
         router = ReferenceRouter(cfg.num_hidden_layers, head_dim, len(self.model_bases(model)), cfg.hidden_act, topk, seed)
         return router.to(model.device)
 
     def new_router(self, model, hidden: int = 16, seed: int = 0) -> Router:
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cfg, head_dim = _attention_shape(model)
         router = Router(cfg.num_hidden_layers, cfg.num_attention_heads, head_dim, len(self.model_bases(model)), hidden, seed)
         return router.to(model.device)  # drawn on the CPU (the same weights on every device), used beside the model
 

@@ -274,6 +274,12 @@ class RopeStack:
             "apply_rotary_pos_emb(q, k, cos, sin) to rotate queries and keys with outside the attention")
 
 
+def key_value_heads(model: nn.Module) -> int:
+    """The model's key/value heads (its query heads where it has no grouped-query attention)."""
+    config = model.config.get_text_config()
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
 def single_base(model: nn.Module, feature: str) -> float:
     """The model's one RoPE base, for methods defined relative to it; models with one base per
     attention type (Gemma-3) are refused, naming the ``feature``."""
@@ -467,8 +473,7 @@ class RopePatch:
 
     def _add_head_hooks(self, layer: int, spec: RopeSpec) -> None:
         attn = getattr(self.stack.layers[layer], "self_attn", None)
-        config = self.model.config.get_text_config()
-        heads_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        heads_kv = key_value_heads(self.model)
         if not callable(spec.heads) and len(spec.heads) != heads_kv:
             raise ValueError(f"layer {layer}: got {len(spec.heads)} head scales, the model has {heads_kv} key/value heads")
         rotation = _HeadwiseRotation.install(self.stack, layer)
