@@ -18,14 +18,14 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from tqdm.auto import tqdm
 
 from .bezier import CURVES, Y_RANGE, default_control_points, layer_scales, smoothness
-from .results import atomic_write, save_scales, write_csv
+from .files import atomic_write
 
 Fitness = Callable[[np.ndarray], Sequence[float]]
 
@@ -238,21 +238,32 @@ class GAResult:
     best_genome: np.ndarray
     best_scales: np.ndarray
     best_fitness: float
-    history: pd.DataFrame  # one row per individual per generation
-    summary: pd.DataFrame  # one row per generation
+    rows: list[dict]  # one per individual per generation, as the checkpoint holds them
     evaluations: int  # distinct genomes scored
     control_points: list | None = None
     scored: list[str] | None = None  # every genome scored, in the order scored (``evaluated`` in the history counts them)
 
-    def save(self, directory: str | Path, name: str = "ga", **provenance) -> Path:
-        """Write ``<name>_history.csv``, ``<name>_summary.csv`` and ``<name>_best.json`` (the scales
-        JSON format that the methods load, with ``provenance``: the model's identity, the task …)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_csv(directory / f"{name}_history.csv", self.history)
-        write_csv(directory / f"{name}_summary.csv", self.summary)
-        return save_scales(directory / f"{name}_best.json", self.best_scales, fitness=self.best_fitness,
-                           control_points=self.control_points, evaluations=self.evaluations, **provenance)
+    # the tables are built on first use: the core runs a search without pandas, which a researcher's
+    # own code need not load (lpes_nb.core imports torch, numpy and transformers only)
+    @cached_property
+    def history(self):
+        """One row per individual per generation (a DataFrame)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    @cached_property
+    def summary(self):
+        """One row per generation: best and mean fitness, mean smoothness, the mean of the best n."""
+        history = self.history
+        summary = history.groupby("generation").agg(
+            best=("fitness", "max"), mean=("fitness", "mean"), smoothness_mean=("smoothness", "mean"),
+        )
+        for n in (1, 2, 4, 8):
+            summary[f"mean_best_{n}"] = history[history["rank"] < n].groupby("generation")["fitness"].mean()
+        if "evaluated" in history:  # checkpoints written before it was recorded lack it
+            summary["evaluated"] = history.groupby("generation")["evaluated"].max()
+        return summary.reset_index()
 
 
 @dataclass
@@ -454,19 +465,12 @@ class GeneticSearch:
         return self._result()
 
     def _result(self) -> GAResult:
-        history = pd.DataFrame(self.state.history)
-        summary = history.groupby("generation").agg(
-            best=("fitness", "max"), mean=("fitness", "mean"), smoothness_mean=("smoothness", "mean"),
-        )
-        for n in (1, 2, 4, 8):
-            summary[f"mean_best_{n}"] = history[history["rank"] < n].groupby("generation")["fitness"].mean()
-        if "evaluated" in history:  # checkpoints written before it was recorded lack it
-            summary["evaluated"] = history.groupby("generation")["evaluated"].max()
-        best_row = history.loc[history["fitness"].idxmax()]
-        genome = np.asarray(json.loads(best_row["genome"]), dtype=np.int64)
+        scored = [row for row in self.state.history if not np.isnan(row["fitness"])]
+        best = max(scored, key=lambda row: row["fitness"])  # the first of equals, as pandas' idxmax
+        genome = np.asarray(json.loads(best["genome"]), dtype=np.int64)
         return GAResult(
-            best_genome=genome, best_scales=self.space.decode(genome), best_fitness=float(best_row["fitness"]),
-            history=history, summary=summary.reset_index(), evaluations=len(self.state.cache),
+            best_genome=genome, best_scales=self.space.decode(genome), best_fitness=float(best["fitness"]),
+            rows=list(self.state.history), evaluations=len(self.state.cache),
             control_points=self.space.control_points(genome), scored=list(self.state.cache),
         )
 

@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 from . import bf16_gemm, machine
 from .machine import cache_dir, cpu_has_native_bf16
 
-from .results import atomic_directory
+from .files import atomic_directory
 from .rope import find_rope_stack
 
 EMBEDDED = "smollm2-135m"  # the default model

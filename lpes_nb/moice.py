@@ -38,7 +38,8 @@ from . import footprint
 from .data import general_text
 from .interventions import Interventions
 from .methods import Method
-from .results import atomic_write, cache_key, will_compute, write_json
+from .files import atomic_write
+from .results import cache_key, will_compute, write_json
 from .rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
 from .training import answer_batch, backward_answer_nll, backward_lm_nll, frozen
 

@@ -18,16 +18,14 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import footprint
+from .files import atomic_write
 
 CACHED_ONLY = "LPES_CACHED_ONLY"
 PUBLISHED_PROFILE = "cpu"  # writes straight to results/ and figures/, which are committed
@@ -75,37 +73,6 @@ def will_compute(step: str, where: Path | str) -> None:
             f"step '{step}' is not in the result store (looked for {where}); {CACHED_ONLY} is set, so it is "
             "not recomputed. Rerun without it (scripts/run_all.sh) to compute and store it."
         )
-
-
-def atomic_write(path: Path | str, content: str | bytes) -> Path:
-    """Write through a temporary file and a rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone who reads the folder
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-@contextmanager
-def atomic_directory(target: Path | str) -> Iterator[Path]:
-    """A fresh directory beside ``target`` to fill; it becomes ``target`` when the block ends without
-    an error and is deleted otherwise (a converted model is complete or absent, never half there)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_json(path: Path | str, payload) -> Path:
@@ -165,6 +132,17 @@ def save_scales(path: Path | str, scales, **meta) -> Path:
     if not values or not all(np.isfinite(s) and s > 0 for s in values):
         raise ValueError(f"scales must be finite numbers > 0, one per layer, got {list(scales)!r}")
     return write_json(path, {"scales": [round(s, 10) for s in values], **meta})
+
+
+def save_ga(result, directory: Path | str, name: str = "ga", **provenance) -> Path:
+    """Write a GA run (:class:`lpes_nb.core.ga.GAResult`) as ``<name>_history.csv``, ``<name>_summary.csv``
+    and ``<name>_best.json`` (the scales JSON format that the methods load, with ``provenance``: the
+    model's identity, the task …); returns the scales file."""
+    directory = Path(directory)
+    write_csv(directory / f"{name}_history.csv", result.history)
+    write_csv(directory / f"{name}_summary.csv", result.summary)
+    return save_scales(directory / f"{name}_best.json", result.best_scales, fitness=result.best_fitness,
+                       control_points=result.control_points, evaluations=result.evaluations, **provenance)
 
 
 def read_scales(path: Path | str, num_layers: int | None = None, model: dict | None = None) -> dict:

@@ -23,7 +23,7 @@ from .fitness import LAMBDAS, PositionFitness, difference_text, fitness_se, posi
 from .ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
 from .methods import LayerScales
 from .models import dtype_name, model_identity
-from .results import ResultCache, cache_key, will_compute
+from .results import ResultCache, cache_key, save_ga, will_compute
 from .rope import RopePatch, RopeSpec
 from .tasks import EvalSettings, TaskConfig
 from .training import answer_batch, backward_answer_nll, frozen
@@ -96,7 +96,7 @@ def run_search(model, tokenizer, task: TaskConfig, space, run: SearchRun, model_
                 raise RuntimeError(f"the {backend} workers built a different fitness (fingerprint {remote.fingerprint()}) "
                                    f"than this process ({fitness.fingerprint()}): model, dtype, samples or settings differ")
             result = GeneticSearch(space, remote, config, checkpoint=search.checkpoint, progress=progress).run()
-    result.save(out_dir, name, model=model_identity(model, model_name), task=repr(task), settings=repr(settings),
+    save_ga(result, out_dir, name, model=model_identity(model, model_name), task=repr(task), settings=repr(settings),
                 ga=repr(config), checkpoint=search.checkpoint.name)
     return result
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lpes_nb.bezier import layer_scales
+from lpes_nb.results import save_ga
 from lpes_nb.ga import (
     BezierSpace,
     GAConfig,
@@ -168,7 +169,7 @@ def test_per_layer_variant_records_smoothness_and_improves():
 
 def test_results_are_saved_as_csv_and_scales_json(tmp_path):
     res = GeneticSearch(BezierSpace(L), rmse_fitness, SMALL, progress=False).run()
-    best = json.loads(res.save(tmp_path, "lpes").read_text())
+    best = json.loads(save_ga(res, tmp_path, "lpes").read_text())
     assert best["scales"] == pytest.approx(res.best_scales.tolist())
     assert best["control_points"] == res.control_points and len(best["control_points"]) == 4
     assert pd.read_csv(tmp_path / "lpes_history.csv").shape[0] == len(res.history)
