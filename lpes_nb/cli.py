@@ -9,19 +9,19 @@ import sys
 
 # command -> (module whose main() it runs, what it does)
 COMMANDS = {
-    "run": ("run", "run the numbered notebooks under papermill (--profile, --only, --from, --publish, --dry-run)"),
-    "map": ("position_map", "notebook 9's map and its record cells, record by record (resumable; --rescore)"),
-    "lpes-at-power": ("lpes_at_power", "notebook 10's steps: search, validate, test, in the background over sittings"),
-    "fitness-proxy": ("fitness_proxy", "whether a cheaper fitness ranks candidates as the real one does"),
-    "throughput": ("throughput", "this CPU's speed and what shared prefixes save; --record-cost for a larger model"),
-    "costs": ("costs", "cost plans: dry-run, memory, table, plan, larger-plan"),
-    "gpu-kit": ("gpu_kit", "what to run first on a lent GPU (OUT folder, --dry, --steps)"),
-    "carry": ("carry", "pack / verify / unpack files in checksummed parts for a machine without network"),
-    "models": ("models", "convert the embedded models to the cache (--prepare NAME ...)"),
-    "apply": ("stored_curve", "generate with a stored curve on a model (--transfer to move it to another depth)"),
-    "claims": ("claims", "write the claims ledger, results/claims.csv, from the stored tables"),
-    "store": ("results", "store maintenance: re-key stored results whose key format changed (migrate DIR)"),
-    "doctor": ("bf16_gemm", "what this machine decided: the CPU, whether bf16 is safe, the bf16 GEMM path"),
+    "run": ("workbook.run", "run the numbered notebooks under papermill (--profile, --only, --from, --publish, --dry-run)"),
+    "map": ("studies.position_map", "notebook 9's map and its record cells, record by record (resumable; --rescore)"),
+    "lpes-at-power": ("studies.lpes_at_power", "notebook 10's steps: search, validate, test, in the background over sittings"),
+    "fitness-proxy": ("studies.fitness_proxy", "whether a cheaper fitness ranks candidates as the real one does"),
+    "throughput": ("operations.throughput", "this CPU's speed and what shared prefixes save; --record-cost for a larger model"),
+    "costs": ("operations.costs", "cost plans: dry-run, memory, table, plan, larger-plan"),
+    "gpu-kit": ("operations.gpu_kit", "what to run first on a lent GPU (OUT folder, --dry, --steps)"),
+    "carry": ("operations.carry", "pack / verify / unpack files in checksummed parts for a machine without network"),
+    "models": ("store.models", "convert the embedded models to the cache (--prepare NAME ...)"),
+    "apply": ("store.stored_curve", "generate with a stored curve on a model (--transfer to move it to another depth)"),
+    "claims": ("studies.claims", "write the claims ledger, results/claims.csv, from the stored tables"),
+    "store": ("store.results", "store maintenance: re-key stored results whose key format changed (migrate DIR)"),
+    "doctor": ("system.bf16_gemm", "what this machine decided: the CPU, whether bf16 is safe, the bf16 GEMM path"),
 }
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lpes_nb.evaluate import score_targets, target_ids
-from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.results import write_json
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.evaluation.evaluate import score_targets, target_ids
+from lpes_nb.evaluation.tasks import TaskConfig
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.store.results import write_json
 
 
 def main():

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from lpes_nb.benchmarks import compared_methods, latency, latency_samples
-from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.moice import load_router, router_files
-from lpes_nb.profiles import profile
-from lpes_nb.results import BEST_SCALES, read_scales, write_csv, write_json
+from lpes_nb.evaluation.moice import load_router, router_files
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.store.results import BEST_SCALES, read_scales, write_csv, write_json
+from lpes_nb.studies.benchmarks import compared_methods, latency, latency_samples
+from lpes_nb.studies.profiles import profile
 
 
 def main():

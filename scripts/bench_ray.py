@@ -13,11 +13,11 @@ import numpy as np
 import ray
 import torch
 
-from lpes_nb.distributed import FitnessSpec, RayFitness
-from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch
-from lpes_nb.models import EMBEDDED, load_model
-from lpes_nb.results import write_json
-from lpes_nb.tasks import EvalSettings, TaskConfig
+from lpes_nb.core.ga import BezierSpace, GAConfig, GeneticSearch
+from lpes_nb.evaluation.distributed import FitnessSpec, RayFitness
+from lpes_nb.evaluation.tasks import EvalSettings, TaskConfig
+from lpes_nb.store.models import EMBEDDED, load_model
+from lpes_nb.store.results import write_json
 
 TASK = TaskConfig("kv", 10, n=4, seed=5, key_format="letters6", value_format="digits4")
 CONFIG = GAConfig(population=8, parents=3, mutations=4, crossovers=1, generations=1, seed=0)
@@ -41,8 +41,8 @@ def per_generation_rounds(workers: int, population: int = 32, parents: int = 12,
 
 def main() -> None:
     model = load_model(EMBEDDED)
-    from lpes_nb.fitness import PositionFitness
-    from lpes_nb.models import load_tokenizer
+    from lpes_nb.evaluation.fitness import PositionFitness
+    from lpes_nb.store.models import load_tokenizer
 
     torch.set_num_threads(1)  # like one Ray actor with num_cpus=1
     fitness = PositionFitness(model, load_tokenizer(EMBEDDED), TASK.samples(), EvalSettings())

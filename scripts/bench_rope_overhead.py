@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from lpes_nb.models import load_model
-from lpes_nb.results import write_csv, write_json
-from lpes_nb.rope import RopePatch, scale_specs
-from lpes_nb.timing import interleaved_times, ratio_to_baseline
+from lpes_nb.core.rope import RopePatch, scale_specs
+from lpes_nb.store.models import load_model
+from lpes_nb.store.results import write_csv, write_json
+from lpes_nb.system.timing import interleaved_times, ratio_to_baseline
 
 
 def main():

@@ -1,8 +1,8 @@
-import lpes_nb  # noqa: F401  (first: decides bf16 safety before torch loads, lpes_nb.machine)
+import lpes_nb  # noqa: F401  (first: decides bf16 safety before torch loads, lpes_nb.system.machine)
 import pytest
 import torch
 
-from lpes_nb.models import EMBEDDED, load_model, load_tokenizer
+from lpes_nb.store.models import EMBEDDED, load_model, load_tokenizer
 
 torch.set_num_threads(2)
 
@@ -29,6 +29,6 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def qwen():
-    from lpes_nb.models import QWEN
+    from lpes_nb.store.models import QWEN
 
     return load_model(QWEN)

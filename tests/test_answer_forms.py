@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lpes_nb.data import load_kv, load_mdqa
-from lpes_nb.evaluate import answer_targets, evaluate_samples, target_ids
-from lpes_nb.models import QWEN, load_tokenizer
-from lpes_nb.tasks import KV_WRITTEN_FORMS, TASKS, EvalSettings, Task, TaskConfig, scoring_key
+from lpes_nb.evaluation.evaluate import answer_targets, evaluate_samples, target_ids
+from lpes_nb.evaluation.tasks import KV_WRITTEN_FORMS, TASKS, EvalSettings, Task, TaskConfig, scoring_key
+from lpes_nb.store.data import load_kv, load_mdqa
+from lpes_nb.store.models import QWEN, load_tokenizer
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 MDQA20_MAP = RESULTS / "position_map_records-31ea4e6ebdd16ab1b249.jsonl"  # Qwen-0.5B bf16, MDQA-20, generate + gold scores

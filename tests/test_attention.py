@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb.attention import (
+from lpes_nb.studies.attention import (
     AttentionStats,
     attention_by_scale,
     attention_profile,
@@ -12,8 +12,8 @@ from lpes_nb.attention import (
     middle_to_last_cosine,
     rope_removal_cosine,
 )
-from lpes_nb.models import load_model
-from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
+from lpes_nb.core.rope import RopePatch, RopeSpec, scale_specs
+from lpes_nb.store.models import load_model
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])

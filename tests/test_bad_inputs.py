@@ -9,22 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from lpes_nb import (
-    benchmarks,
-    bezier,
-    data,
-    evaluate,
-    fitness,
-    methods,
-    metrics,
-    models,
-    position_gate,
-    probes,
-    results,
-    rope,
-    tasks,
-)
-from lpes_nb.ga import (
+from lpes_nb.core import bezier, methods, rope
+from lpes_nb.evaluation import evaluate, fitness, metrics, position_gate, tasks
+from lpes_nb.store import data, models, results
+from lpes_nb.studies import benchmarks, probes
+from lpes_nb.core.ga import (
     BezierSpace,
     GAConfig,
     GeneticSearch,
@@ -218,7 +207,7 @@ CASES = {
         for m in ("a", "b")}, [("a", "b")], value="gold_logprob"), r"a: 2 non-finite 'gold_logprob' .* \(first: nan at sample 1"),
     "load scales string": (lambda f: results.read_scales(f["ckpt"] / "scales_string.json"),
                            r"'scales' must be a list of numbers, one per layer, got '2222'"),
-    "prefill extras mismatch": (lambda f: __import__("lpes_nb.prefix", fromlist=["x"]).prefill_many(
+    "prefill extras mismatch": (lambda f: __import__("lpes_nb.evaluation.prefix", fromlist=["x"]).prefill_many(
         models.load_model("tiny-llama"), [[[1, 2, 3], [1, 2, 4]]], [[[5]]]),
         r"one list of extra tokens per prompt of each group: 1 groups of \[2\] prompts, got 1 groups of \[1\]"),
     "caliope length none": (lambda f: methods.Caliope().context(models.load_model("tiny-llama"), None, 10),
@@ -287,7 +276,7 @@ def test_methods_relative_to_one_base_refuse_a_model_with_a_base_per_attention_t
 
 
 def test_moice_refuses_a_model_with_a_base_per_attention_type():
-    from lpes_nb.moice import MoICE
+    from lpes_nb.evaluation.moice import MoICE
 
     with pytest.raises(rope.UnsupportedModel, match="MoICE needs a single RoPE base"):
         MoICE().model_bases(models.load_model("tiny-gemma3"))

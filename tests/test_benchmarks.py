@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb import benchmarks
-from lpes_nb.benchmarks import (
+from lpes_nb.studies import benchmarks
+from lpes_nb.studies.benchmarks import (
     EXTRAPOLATION_VARIANTS,
     compared_methods,
     extrapolation_specs,
     method_key,
     method_samples,
 )
-from lpes_nb.fitness import position_tables
-from lpes_nb.methods import Caliope
-from lpes_nb.moice import MoICE
-from lpes_nb.rope import dynamic_ntk_base
+from lpes_nb.core.methods import Caliope
+from lpes_nb.core.rope import dynamic_ntk_base
+from lpes_nb.evaluation.fitness import position_tables
+from lpes_nb.evaluation.moice import MoICE
 from tests.test_methods import SAMPLES
 
 
@@ -90,7 +90,7 @@ def test_extrapolation_table_orders_variants_and_averages_windows():
 
 
 def test_latency_prompts_have_the_gold_document_in_the_middle():
-    from lpes_nb.tasks import TaskConfig
+    from lpes_nb.evaluation.tasks import TaskConfig
 
     samples = benchmarks.latency_samples(TaskConfig("mdqa", 10, n=20, offset=100), 2)
     assert len(samples) == 2 and {s.position for s in samples} == {4} and [s.sample_id for s in samples] == [300, 301]
@@ -99,8 +99,8 @@ def test_latency_prompts_have_the_gold_document_in_the_middle():
 def test_methods_past_the_window_are_left_out_loudly(tiny_llama, tokenizer, capsys):
     """tiny-llama's 2,048 positions: CALIOPE-Moses (10,000) and -Decay (7,025 at 10 documents) cannot
     run on a 10-item prompt; Hourglass at small gaps and the baseline can."""
-    from lpes_nb.methods import Baseline
-    from lpes_nb.tasks import TaskConfig
+    from lpes_nb.core.methods import Baseline
+    from lpes_nb.evaluation.tasks import TaskConfig
 
     samples = TaskConfig("kv", 10, n=1, key_format="letters6", value_format="digits4").samples()
     methods = {"baseline": Baseline(), "CALIOPE-Moses": Caliope("moses"), "CALIOPE-Decay": Caliope("decay"),
@@ -114,9 +114,9 @@ def test_methods_past_the_window_are_left_out_loudly(tiny_llama, tokenizer, caps
 def test_method_tables_on_two_local_workers_equal_one_process(tiny_llama, tokenizer, tmp_path, monkeypatch):
     """A benchmark's per-method tables computed by two spawned workers (each building the model and
     the task's samples once, whole records per item) equal the in-process tables, row for row."""
-    from lpes_nb.benchmarks import SampleWorker
-    from lpes_nb.distributed import distributed_fitness
-    from lpes_nb.tasks import TaskConfig
+    from lpes_nb.studies.benchmarks import SampleWorker
+    from lpes_nb.evaluation.distributed import distributed_fitness
+    from lpes_nb.evaluation.tasks import TaskConfig
 
     task = TaskConfig("kv", 6, n=5, positions=(0, 3, 5), seed=3)
     methods = {k: v for k, v in compared_methods([1.0, 1.5, 2.0, 1.5]).items() if k in ("baseline", "LPES")}

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpes_nb.bezier import (
+from lpes_nb.core.bezier import (
     bernstein,
     curve_point,
     default_control_points,

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lpes_nb import bf16_gemm
-from lpes_nb.bf16_gemm import MIN_ROWS, VARIABLE, Decision, Float32GemmLinear
-from lpes_nb.models import load_model, model_key
+from lpes_nb.store.models import load_model, model_key
+from lpes_nb.system import bf16_gemm
+from lpes_nb.system.bf16_gemm import MIN_ROWS, VARIABLE, Decision, Float32GemmLinear
 
 FLOAT32 = Decision("float32", None, None, "test")
 NATIVE = Decision("native", None, None, "test")

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from lpes_nb import carry
+from lpes_nb.operations import carry
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import numbers
 import pandas as pd
 import pytest
 
-from lpes_nb import claims
-from lpes_nb.results import project_root
+from lpes_nb.store.results import project_root
+from lpes_nb.studies import claims
 
 RESULTS = project_root() / "results"
 

@@ -37,5 +37,5 @@ def test_an_unknown_subcommand_is_refused_with_the_list(capsys):
 def test_python_dash_m_is_the_same_command_and_the_modules_have_no_second_entry():
     done = subprocess.run([sys.executable, "-m", "lpes_nb", "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and '"bf16_gemm"' in done.stdout, done.stderr[-2000:]
-    mains = [p.name for p in (ROOT / "lpes_nb").glob("*.py") if p.name != "__main__.py" and "__main__" in p.read_text()]
+    mains = [p.name for p in (ROOT / "lpes_nb").rglob("*.py") if p.name != "__main__.py" and "__main__" in p.read_text()]
     assert mains == []  # one way to run each thing: `lpes <command>`

@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 
-from lpes_nb import calibration, position_map, representations
-from lpes_nb.position_gate import gate
+from lpes_nb.evaluation.position_gate import gate
+from lpes_nb.studies import calibration, position_map, representations
 
 
 def _positions(accs, lows, highs, n=30):
@@ -54,7 +54,7 @@ def test_map_conclusion_names_the_gate_verdict_and_the_copying():
 
 
 def test_attention_conclusion_reads_its_four_tables():
-    from lpes_nb import attention
+    from lpes_nb.studies import attention
 
     entropy = pd.DataFrame([{"layer": l, "length": t, "scale": s, "entropy": np.log2(t) * 0.5 + (0.2 if s == 2.0 else 0.0) + l * 0.0,
                              "middle_mass": 0.1} for t in (256, 512, 1024) for s in (1.0, 2.0) for l in range(2)])
@@ -70,7 +70,7 @@ def test_attention_conclusion_reads_its_four_tables():
 
 
 def test_probe_conclusion_ranks_layers_and_names_the_noise_control():
-    from lpes_nb import probes
+    from lpes_nb.studies import probes
 
     probe = pd.DataFrame([{"layer": l, "windows": 8, "change_pct_mask": m, "ci_low_mask": m - 1, "ci_high_mask": m + 1,
                            "mask_vs_noise_pct": v, "mask_vs_noise_low": v - 1, "mask_vs_noise_high": v + 1}
@@ -87,7 +87,7 @@ def test_probe_conclusion_ranks_layers_and_names_the_noise_control():
 
 
 def test_difference_text_states_the_verdict_its_interval_supports():
-    from lpes_nb.fitness import difference_text
+    from lpes_nb.evaluation.fitness import difference_text
 
     row = {"method": "LPES", "reference": "PI", "difference": 0.04, "ci_low": 0.01, "ci_high": 0.07, "mde_80": 0.03, "records": 320}
     assert difference_text(row) == "LPES vs PI: Δλ +0.040 [+0.010, +0.070], MDE 0.03, 320 records → **better**"
@@ -96,9 +96,9 @@ def test_difference_text_states_the_verdict_its_interval_supports():
 
 
 def test_search_budget_counts_prompt_forwards():
-    from lpes_nb.ga import GAConfig
-    from lpes_nb.search import search_forwards
-    from lpes_nb.tasks import TaskConfig
+    from lpes_nb.core.ga import GAConfig
+    from lpes_nb.studies.search import search_forwards
+    from lpes_nb.evaluation.tasks import TaskConfig
 
     assert search_forwards(GAConfig(population=16, parents=6, mutations=8, crossovers=2, generations=6),
                            TaskConfig("kv", 10, n=8)) == 16 * 7 * 24

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lpes_nb import footprint
-from lpes_nb.cost_model import VICUNA_7B, Gpu, Shape
-from lpes_nb.costs import MEMORY_OPERATIONS, cost_table, memory_fit, work_units
-from lpes_nb.models import tiny_config
-from lpes_nb.profiles import PROFILES
-from lpes_nb.results import cached_table
+from lpes_nb.operations.cost_model import VICUNA_7B, Gpu, Shape
+from lpes_nb.operations.costs import MEMORY_OPERATIONS, cost_table, memory_fit, work_units
+from lpes_nb.store.models import tiny_config
+from lpes_nb.store.results import cached_table
+from lpes_nb.studies.profiles import PROFILES
+from lpes_nb.system import footprint
 
 
 def records(path):
@@ -139,8 +139,8 @@ def test_work_units_cover_both_profiles_and_scale_layer_loops():
 def test_embedded_shapes_are_the_converted_configs():
     from transformers import AutoConfig
 
-    from lpes_nb.cost_model import SHAPES
-    from lpes_nb.models import EMBEDDED, QWEN, ensure_embedded
+    from lpes_nb.operations.cost_model import SHAPES
+    from lpes_nb.store.models import EMBEDDED, QWEN, ensure_embedded
 
     for name in (EMBEDDED, QWEN):
         assert SHAPES[name] == Shape.of(AutoConfig.from_pretrained(ensure_embedded(name=name))), name
@@ -153,9 +153,9 @@ def test_prefill_flops_count_products_causal_attention_and_head():
 
 
 def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
-    from lpes_nb.cost_model import ga_evaluations
-    from lpes_nb.costs import notebook9_plan
-    from lpes_nb.position_map import LENGTH_TASKS
+    from lpes_nb.operations.cost_model import ga_evaluations
+    from lpes_nb.operations.costs import notebook9_plan
+    from lpes_nb.studies.position_map import LENGTH_TASKS
 
     p = PROFILES["gpu"]
     plan = notebook9_plan(p)
@@ -172,15 +172,15 @@ def test_notebook9_plan_counts_every_cell_and_the_paper_ga_budget():
 
 def test_committed_gpu_plan_is_what_the_code_computes():
     """The cost table of docs/gpu.md of the gpu profile comes from results/costs/gpu_notebook9_plan.csv."""
-    from lpes_nb.costs import COSTS_DIR, notebook9_plan
-    from lpes_nb.results import project_root
+    from lpes_nb.operations.costs import COSTS_DIR, notebook9_plan
+    from lpes_nb.store.results import project_root
 
     committed = pd.read_csv(project_root() / COSTS_DIR / "gpu_notebook9_plan.csv")
     pd.testing.assert_frame_equal(committed, notebook9_plan(PROFILES["gpu"]), check_dtype=False)
 
 
 def test_notebook9_plan_of_a_found_regime_plans_its_transfer_at_the_closest_length():
-    from lpes_nb.costs import notebook9_plan
+    from lpes_nb.operations.costs import notebook9_plan
 
     plan = notebook9_plan(PROFILES["gpu"], regimes={"smollm2-135m": ("mdqa", 3200)})
     search = plan[(plan.model == "smollm2-135m") & (plan.stage == "search: GA")]
@@ -190,8 +190,8 @@ def test_notebook9_plan_of_a_found_regime_plans_its_transfer_at_the_closest_leng
 def test_ga_evaluations_bound_what_a_search_scores():
     """The plan's count of GA evaluations is what a search scores at most, and near it: a GA scores both
     children of every crossover (counting one per crossover planned the paper's search 16 % short)."""
-    from lpes_nb.cost_model import ga_evaluations
-    from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch
+    from lpes_nb.operations.cost_model import ga_evaluations
+    from lpes_nb.core.ga import BezierSpace, GAConfig, GeneticSearch
 
     target = np.linspace(1.0, 2.0, 32)
     for cfg in (GAConfig(seed=0), PROFILES["cpu"].lpes_at_power.ga):
@@ -200,8 +200,8 @@ def test_ga_evaluations_bound_what_a_search_scores():
 
 
 def test_notebook10_plan_counts_the_search_validation_and_every_test_method():
-    from lpes_nb.cost_model import ga_evaluations
-    from lpes_nb.costs import PASSES, lpes_at_power_plan
+    from lpes_nb.operations.cost_model import ga_evaluations
+    from lpes_nb.operations.costs import PASSES, lpes_at_power_plan
 
     for name in ("cpu", "gpu", "paper"):
         s = PROFILES[name].lpes_at_power
@@ -231,7 +231,7 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
     """CPU hours from a throughput report's measured seconds per prompt: shared-prefix scoring for the
     search, shared decoding for the methods that share, plain decoding plus a plain scoring pass for
     the others (times their passes); a report measured on another model is refused, naming both."""
-    from lpes_nb.costs import PASSES, lpes_at_power_plan
+    from lpes_nb.operations.costs import PASSES, lpes_at_power_plan
 
     s = PROFILES["cpu"].lpes_at_power
     sweep = {"what": "MDQA-20 sweep", "model": s.model, "dtype": s.dtype, "prompts": 10}
@@ -259,7 +259,7 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
 def test_notebook10_plan_here_prices_cpu_hours_only_where_the_committed_sweeps_ran_the_model(monkeypatch):
     """A throughput report that measured the cpu profile's Qwen in bf16: its plan has CPU hours
     and names that CPU; the smoke profile's tiny model was never measured: GPU hours only, no CPU."""
-    from lpes_nb import costs
+    from lpes_nb.operations import costs
 
     sweep = {"what": "MDQA-20 sweep", "model": "qwen2.5-coder-0.5b", "dtype": "bfloat16", "prompts": 10}
     report = {"cpu": {"cpu": "CPU A"}, "sweeps": [{**sweep, "mode": "score", "pieces": 512, "plain_s": 100.0, "shared_s": 50.0},
@@ -272,8 +272,8 @@ def test_notebook10_plan_here_prices_cpu_hours_only_where_the_committed_sweeps_r
 
 
 def test_the_larger_model_plan_scales_the_measured_records_and_the_small_models_plan():
-    from lpes_nb.costs import LARGER_STAGES, larger_model_plan, lpes_at_power_plan
-    from lpes_nb.throughput import load
+    from lpes_nb.operations.costs import LARGER_STAGES, larger_model_plan, lpes_at_power_plan
+    from lpes_nb.operations.throughput import load
 
     report = load()
     cost = {"cpu": {"cpu": "a CPU"}, "record_ratio": {"mdqa-20": 3.0, "kv-75": 2.5},

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lpes_nb.data import data_dir
+from lpes_nb.store.data import data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -38,9 +38,9 @@ STUDY = """
 import sys
 from pathlib import Path
 import lpes_nb
-from lpes_nb import position_map
-from lpes_nb.data import data_dir, load_mdqa, long_text
-from lpes_nb.models import load_model, load_tokenizer
+from lpes_nb.store.data import data_dir, load_mdqa, long_text
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.studies import position_map
 
 clone = Path(sys.argv[1])
 assert Path(lpes_nb.__file__).parents[1] == clone and data_dir() == clone / "data", (lpes_nb.__file__, data_dir())

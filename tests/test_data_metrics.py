@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb import data
-from lpes_nb.data import (
+from lpes_nb.store import data
+from lpes_nb.store.data import (
     generate_kv,
     kv_prompt,
     kv_sample,
@@ -20,7 +20,7 @@ from lpes_nb.data import (
     text_windows,
     two_fact_sample,
 )
-from lpes_nb.metrics import (
+from lpes_nb.evaluation.metrics import (
     accuracy_table,
     best_subspan_em,
     bootstrap_ci,

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb.distributed import FitnessSpec, ProcessPoolFitness, RayFitness
-from lpes_nb.ga import BezierSpace, GAConfig, GeneticSearch, TargetCurveFitness
-from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.search import SearchRun, run_search
-from lpes_nb.tasks import EvalSettings, TaskConfig
+from lpes_nb.core.ga import BezierSpace, GAConfig, GeneticSearch, TargetCurveFitness
+from lpes_nb.evaluation.distributed import FitnessSpec, ProcessPoolFitness, RayFitness
+from lpes_nb.evaluation.tasks import EvalSettings, TaskConfig
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.studies.search import SearchRun, run_search
 
 L = 8
 TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")

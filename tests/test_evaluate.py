@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb.data import Sample, generate_kv, kv_sample
-from lpes_nb.evaluate import (
+from lpes_nb.store.data import Sample, generate_kv, kv_sample
+from lpes_nb.evaluation.evaluate import (
     EvalSettings,
     encode,
     evaluate_samples,
@@ -13,7 +13,7 @@ from lpes_nb.evaluate import (
     score_targets,
     target_ids,
 )
-from lpes_nb.rope import RopePatch, scale_specs
+from lpes_nb.core.rope import RopePatch, scale_specs
 
 
 def _greedy_ids(model, prompt, steps):
@@ -53,8 +53,8 @@ def test_scorer_equals_greedy_decoding_on_a_tiny_model(tiny_llama, tokenizer):
 def test_scorer_runs_long_prompts_one_at_a_time_and_batches_short_ones(tiny_llama):
     """The plain scorer's batches hold at most TOKEN_BUDGET tokens (a padded batch of ~3k-token
     prompts costs ~3x per prompt on a 2-core CPU), and the results do not depend on the batching."""
-    from lpes_nb.methods import Baseline
-    from lpes_nb.prefix import TOKEN_BUDGET
+    from lpes_nb.core.methods import Baseline
+    from lpes_nb.evaluation.prefix import TOKEN_BUDGET
 
     shapes = []
 
@@ -128,7 +128,7 @@ def test_chat_mode_scores_what_greedy_decoding_says_after_the_assistant_header(s
     """transformers 5's apply_chat_template returns a dict, and after the assistant header the answer
     starts without the space that follows "Answer:". Targets: the start of the model's own greedy
     chat reply (must score correct) and a wrong word (must not)."""
-    from lpes_nb.data import Sample
+    from lpes_nb.store.data import Sample
 
     questions = ["Reply with the number 3580 and nothing else.", "What is the capital of France? Answer with one word.",
                  "Say the word banana."]
@@ -154,8 +154,8 @@ def test_a_method_whose_state_comes_from_the_prompt_scores_what_its_decoding_see
     target, the scales came from the target's last token: on Qwen, MDQA-20 test record 0 with the gold
     last, -34.0 nats against -15.1 fed after the prompt.) On random weights Ms-PoE's outlier ranking
     barely moves with the query, so a head scaler that follows the query closely makes the check bite."""
-    from lpes_nb.methods import FixedSpecs, MsPoE
-    from lpes_nb.rope import RopeSpec
+    from lpes_nb.core.methods import FixedSpecs, MsPoE
+    from lpes_nb.core.rope import RopeSpec
 
     def follows_the_query(q_last, keys, valid, scaling):  # [B, H_kv] scales in (1, 4), a smooth function of the query
         return 1.0 + 3.0 * torch.sigmoid(300 * q_last.float().reshape(q_last.shape[0], keys.shape[1], -1).mean(-1))
@@ -177,7 +177,7 @@ def test_a_method_whose_state_comes_from_the_prompt_scores_what_its_decoding_see
 
 
 def test_a_method_with_prompt_state_and_a_forward_of_its_own_is_refused(tiny_llama):
-    from lpes_nb.methods import MsPoE
+    from lpes_nb.core.methods import MsPoE
 
     class TwoPass(MsPoE):
         def forward(self, model, ids, mask, positions, keep):

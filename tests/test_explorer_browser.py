@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lpes_nb.bezier import layer_scales
-from lpes_nb.models import cache_dir
+from lpes_nb.core.bezier import layer_scales
+from lpes_nb.store.models import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from lpes_nb.ga import BezierSpace, GAConfig
-from lpes_nb.models import load_model, load_tokenizer, model_identity
-from lpes_nb.results import read_scales, save_scales
-from lpes_nb.search import SearchRun, run_search
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.core.ga import BezierSpace, GAConfig
+from lpes_nb.evaluation.tasks import TaskConfig
+from lpes_nb.store.models import load_model, load_tokenizer, model_identity
+from lpes_nb.store.results import read_scales, save_scales
+from lpes_nb.studies.search import SearchRun, run_search
 
 TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")
 SMALL = GAConfig(population=6, parents=3, mutations=2, crossovers=1, generations=1, seed=1)

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import lpes_nb.fitness as fitness_module
-from lpes_nb.data import Sample
-from lpes_nb.evaluate import evaluate_samples
-from lpes_nb.fitness import (
+import lpes_nb.evaluation.fitness as fitness_module
+from lpes_nb.evaluation.evaluate import evaluate_samples
+from lpes_nb.store.data import Sample
+from lpes_nb.evaluation.fitness import (
     PositionFitness,
     paired_fitness_difference,
     position_table,
@@ -17,7 +17,7 @@ from lpes_nb.fitness import (
     subset_agreement,
     weighted_fitness,
 )
-from lpes_nb.results import ResultCache
+from lpes_nb.store.results import ResultCache
 
 
 def _toy_samples(n_per_pos=2):
@@ -73,8 +73,8 @@ def test_paired_difference_is_the_fitness_difference_with_a_paired_interval():
 def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, tmp_path):
     """Generate mode judges text and has no log-probability: the tie-break must come from a scoring
     pass, else equal accuracies stay tied in whatever order the GA met them."""
-    from lpes_nb.methods import LayerScales
-    from lpes_nb.tasks import EvalSettings
+    from lpes_nb.core.methods import LayerScales
+    from lpes_nb.evaluation.tasks import EvalSettings
 
     samples, scales = _toy_samples(), [2.0, 1.5, 1.0, 3.0]
     generate = EvalSettings(mode="generate", max_new_tokens=3)
@@ -86,8 +86,8 @@ def test_generate_mode_tie_break_scores_the_gold_answer(tiny_llama, tokenizer, t
 
 
 def test_the_logprob_fitness_weights_the_gold_answers_log_probability(tiny_llama, tokenizer):
-    from lpes_nb.methods import LayerScales
-    from lpes_nb.tasks import EvalSettings
+    from lpes_nb.core.methods import LayerScales
+    from lpes_nb.evaluation.tasks import EvalSettings
 
     samples, scales, score = _toy_samples(), [2.0, 1.5, 1.0, 3.0], EvalSettings(mode="score")
     logprob = PositionFitness(tiny_llama, tokenizer, samples, score, value="gold_logprob")
@@ -114,8 +114,8 @@ def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokeni
     """A validation scores one curve for most of an hour on a CPU: its bar counts the records as they
     are scored; a GA's fitness stays quiet. (The bars are read as counted, not as drawn: tqdm draws at
     most every 0.1 s, and this toy fitness finishes sooner.)"""
-    import lpes_nb.evaluate as evaluate_module
-    from lpes_nb.tasks import EvalSettings
+    import lpes_nb.evaluation.evaluate as evaluate_module
+    from lpes_nb.evaluation.tasks import EvalSettings
 
     bars = []
 
@@ -136,7 +136,7 @@ def test_a_fitness_with_progress_shows_a_bar_over_its_records(tiny_llama, tokeni
 def test_the_fitness_bar_counts_candidates_only_when_there_are_several(tiny_llama, tokenizer, monkeypatch):
     """The GA scores a population under one bar; one curve scored alone (the unmodified model's line in
     a notebook) draws none: its bar would count nothing and stay in the notebook's outputs."""
-    from lpes_nb.tasks import EvalSettings
+    from lpes_nb.evaluation.tasks import EvalSettings
 
     bars = []
 
@@ -213,7 +213,7 @@ def test_split_half_reliability_tells_signal_from_sampling_noise():
 def test_a_method_identical_to_its_reference_is_said_to_be_without_an_interval():
     """Issue #99: Dynamic NTK inside the trained window changes nothing; its rows are the baseline's and
     read "identical to the baseline", not a difference with an interval."""
-    from lpes_nb.fitness import difference_text, paired_fitness_difference
+    from lpes_nb.evaluation.fitness import difference_text, paired_fitness_difference
 
     rows = [{"method": m, "sample": s, "position": p, "correct": float((s + p) % 3 == 0), "gold_logprob": -1.0 - s * 0.1 - p}
             for m in ("baseline", "Dynamic NTK") for s in range(6) for p in (0, 4, 9)]

@@ -3,9 +3,10 @@ stored per (candidate, record) and resumed, a degenerate set of candidates refus
 
 import pytest
 
-from lpes_nb import fitness_proxy, splits
-from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.results import CACHED_ONLY
+from lpes_nb.store import splits
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.store.results import CACHED_ONLY
+from lpes_nb.studies import fitness_proxy
 
 
 

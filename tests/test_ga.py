@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpes_nb.bezier import layer_scales
-from lpes_nb.results import save_ga
-from lpes_nb.ga import (
+from lpes_nb.core.bezier import layer_scales
+from lpes_nb.store.results import save_ga
+from lpes_nb.core.ga import (
     BezierSpace,
     GAConfig,
     GeneticSearch,
@@ -203,7 +203,7 @@ def test_bad_space_and_fitness_are_named():
 
 
 def test_smoothness_trend_compares_the_first_and_last_generation_with_an_interval():
-    from lpes_nb.search import smoothness_trend
+    from lpes_nb.studies.search import smoothness_trend
 
     rng = np.random.default_rng(1)
     history = pd.DataFrame([{"generation": g, "smoothness": 0.7 - 0.05 * g + rng.normal(0, 0.02)} for g in range(5) for _ in range(12)])

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lpes_nb import gpu_kit
-from lpes_nb.gpu_kit import DRY, ParityFailure, kit_model, parity_case, run_kit, run_parity
+from lpes_nb.operations import gpu_kit
+from lpes_nb.operations.gpu_kit import DRY, ParityFailure, kit_model, parity_case, run_kit, run_parity
 
 ONE = replace(DRY, parity_models=("tiny-llama",), dtypes=("float16",), attentions=("sdpa",))
 

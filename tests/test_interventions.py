@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from lpes_nb.interventions import Interventions, Stop
+from lpes_nb.core.interventions import Interventions, Stop
 
 
 def _net():

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb import lpes_at_power, splits
-from lpes_nb.ga import GAConfig, GeneticSearch
-from lpes_nb.models import load_model, load_tokenizer, model_identity
-from lpes_nb.search import bezier_space, search_fitness
+from lpes_nb.core.ga import GAConfig, GeneticSearch
+from lpes_nb.store import splits
+from lpes_nb.store.models import load_model, load_tokenizer, model_identity
+from lpes_nb.studies import lpes_at_power
+from lpes_nb.studies.search import bezier_space, search_fitness
 
 GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=2)
 PLAN = lpes_at_power.Plan(records=2, ga=GA, items=5, profile="smoke")
@@ -37,7 +38,7 @@ def test_the_search_runs_on_search_records_with_the_logprob_fitness(tmp_path, mo
     assert table["unmodified"].nunique() == 1 and table["unmodified"].iloc[0] == fitness(np.ones((1, search.space.num_layers)))[0]
 
     # read back from the checkpoint (what a report on a running search does): the same table, nothing scored
-    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
+    monkeypatch.setattr("lpes_nb.evaluation.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
     again = lpes_at_power.search_seed(model, tokenizer, "tiny-llama", 0, PLAN, report_only=True)
     assert again.equals(table)
 
@@ -72,7 +73,7 @@ def test_a_search_of_one_seed_keeps_the_other_seeds_rows_in_the_stored_convergen
     lpes_at_power.main(["report", *cli, "--seeds", "0"])
     assert pd.read_csv(path).equals(both)
     # the stored table is the notebook's: what study() writes from every seed's checkpoint
-    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
+    monkeypatch.setattr("lpes_nb.evaluation.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a report must not evaluate"))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     notebook = pd.concat([lpes_at_power.search_seed(model, tokenizer, "tiny-llama", seed, lpes_at_power.Plan.of("smoke"), report_only=True)
                           for seed in (0, 1)], ignore_index=True).round(5)
@@ -182,7 +183,7 @@ def test_a_plan_names_its_dataset_and_curve_family_and_keeps_the_first_search_s_
 def test_table1_layout_and_verdicts_per_claim():
     import pandas as pd
 
-    from lpes_nb.position_gate import method_differences
+    from lpes_nb.evaluation.position_gate import method_differences
 
     rng = np.random.default_rng(0)
     rel = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -227,7 +228,7 @@ def test_table1_layout_and_verdicts_per_claim():
 def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_record():
     import pandas as pd
 
-    from lpes_nb.data import load_mdqa
+    from lpes_nb.store.data import load_mdqa
 
     ids, records = splits.records("mdqa20", "test", 2), load_mdqa()
     gold = [records[r]["answers"][0] for r in ids]
@@ -243,8 +244,8 @@ def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_
 def test_the_paired_figure_draws_one_panel_per_score_with_its_unit():
     import pandas as pd
 
-    from lpes_nb import plots
-    from lpes_nb.position_gate import method_differences
+    from lpes_nb.workbook import plots
+    from lpes_nb.evaluation.position_gate import method_differences
 
     rng = np.random.default_rng(0)
     rows = [{"sample": r, "position": p, "correct": float(rng.random() < 0.3), lpes_at_power.SHORT: float(rng.random() < 0.2),
@@ -266,7 +267,7 @@ def test_the_paired_figure_draws_one_panel_per_score_with_its_unit():
 def test_the_convergence_figure_draws_each_family_against_its_evaluations_not_its_hours():
     import pandas as pd
 
-    from lpes_nb import plots
+    from lpes_nb.workbook import plots
 
     def seed(space, seed, hours):  # the same budget, run on CPUs of different speeds
         return pd.DataFrame({"space": space, "seed": seed, "generation": [0, 1], "best": [-10.0, -9.0], "mean_best_4": [-11.0, -9.5],
@@ -301,8 +302,8 @@ def test_the_test_step_reads_the_exported_curve_and_refuses_it_on_another_model(
 
 
 def test_moice_is_tested_with_a_router_trained_on_search_records_once(tmp_path, monkeypatch):
-    from lpes_nb.benchmarks import method_key
-    from lpes_nb.moice import RouterTraining
+    from lpes_nb.studies.benchmarks import method_key
+    from lpes_nb.evaluation.moice import RouterTraining
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
@@ -314,7 +315,7 @@ def test_moice_is_tested_with_a_router_trained_on_search_records_once(tmp_path, 
     assert moice.trained and "router=" in method_key(moice) and budget.history == []  # the recipe's budget is not mutated
 
     # known by its recipe: read back, never trained twice, the same key
-    monkeypatch.setattr("lpes_nb.moice.train_router", lambda *a, **k: pytest.fail("the router was trained again"))
+    monkeypatch.setattr("lpes_nb.evaluation.moice.train_router", lambda *a, **k: pytest.fail("the router was trained again"))
     again = lpes_at_power.moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, records=2, items=5, progress=False)
     assert method_key(again) == method_key(moice)
     methods = lpes_at_power.methods_for_test([1.5] * model.config.num_hidden_layers, ["baseline", "MoICE"], moice=again)
@@ -337,7 +338,7 @@ def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_pa
     plan = lpes_at_power.Plan(records=2, ga=GAConfig(population=5, parents=2, mutations=2, crossovers=1, generations=3),
                               items=5, profile="smoke")
     # the child computes with this process's thread count: another count sums matmuls in another order
-    code = ("from lpes_nb import lpes_at_power; from lpes_nb.ga import GAConfig; from lpes_nb.models import load_model, load_tokenizer; "
+    code = ("from lpes_nb import lpes_at_power; from lpes_nb.core.ga import GAConfig; from lpes_nb.store.models import load_model, load_tokenizer; "
             f"import torch; torch.set_num_threads({torch.get_num_threads()}); plan = {plan!r}; "
             "lpes_at_power.search_seed(load_model('tiny-llama'), load_tokenizer('tiny-llama'), 'tiny-llama', 0, plan, progress=False)")
     code = code.replace("Plan(", "lpes_at_power.Plan(")
@@ -376,9 +377,9 @@ def test_the_cpu_profile_names_the_committed_search_and_bad_settings_are_refused
     name the search whose checkpoint is committed (a moved key would show it as never run)."""
     from dataclasses import replace
 
-    from lpes_nb.models import QWEN
-    from lpes_nb.profiles import PROFILES, LpesAtPower
-    from lpes_nb.results import project_root
+    from lpes_nb.store.models import QWEN
+    from lpes_nb.studies.profiles import PROFILES, LpesAtPower
+    from lpes_nb.store.results import project_root
 
     model, tokenizer = load_model(QWEN, dtype="bfloat16"), load_tokenizer(QWEN)
     search, _ = lpes_at_power.searched(model, tokenizer, QWEN, 0, lpes_at_power.Plan.of("cpu"))
@@ -404,7 +405,7 @@ def test_the_cpu_profile_names_the_committed_search_and_bad_settings_are_refused
 def _profile_for(monkeypatch, name: str, **changes):
     from dataclasses import replace
 
-    from lpes_nb.profiles import PROFILES
+    from lpes_nb.studies.profiles import PROFILES
 
     smoke = PROFILES["smoke"]
     monkeypatch.setitem(PROFILES, name, replace(smoke, name=name, lpes_at_power=replace(smoke.lpes_at_power, **changes)))
@@ -419,7 +420,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     model, tokenizer = load_model(name), load_tokenizer(name)
     plan = lpes_at_power.Plan.of("smoke-read")
     stored = lpes_at_power.search_seed(model, tokenizer, name, 0, plan, progress=False)  # what a background run left
-    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a read-only study must not evaluate"))
+    monkeypatch.setattr("lpes_nb.evaluation.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a read-only study must not evaluate"))
     found = lpes_at_power.study("smoke-read", progress=False)
     assert (found["convergence"]["space"] == "bezier").all() and found["convergence"].drop(columns="space").equals(stored.round(5))
     assert not {"validation", "claims", "families", "transfer"} & found.keys()
@@ -520,8 +521,8 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     assert all(f"*Length check, {m} − {ref}*" in text for m, ref in [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")])
     assert all(f"**Transfer, {r.method} − {r.reference}**" in text and r.verdict in text for r in transfer.itertuples())
     # read back: the same tables, nothing evaluated
-    monkeypatch.setattr("lpes_nb.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
-    monkeypatch.setattr("lpes_nb.position_map.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
+    monkeypatch.setattr("lpes_nb.evaluation.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
+    monkeypatch.setattr("lpes_nb.studies.position_map.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
     again = lpes_at_power.study("smoke-all", progress=False)
     for table in ("claims", "families", "transfer"):
         pd.testing.assert_frame_equal(again[table], found[table], check_dtype=False)
@@ -536,7 +537,7 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
 def test_the_test_refuses_dynamic_ntk_where_every_prompt_is_inside_its_window():
     """Inside the trained window Dynamic NTK keeps the base: hours of the baseline's answers, tabled as a
     method's. Refused, naming the longest prompt and the window; where a prompt passes the window it runs."""
-    from lpes_nb.methods import DynamicNTK
+    from lpes_nb.core.methods import DynamicNTK
 
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     window = model.config.max_position_embeddings

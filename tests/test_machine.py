@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from lpes_nb import machine
+from lpes_nb.system import machine
 
 AMX_CPU = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 AVX2_CPU = "model name\t: AMD EPYC 7B12\nflags\t\t: fpu avx2 fma\n"
@@ -66,7 +66,7 @@ def test_probes_are_cached_per_cpu_and_isa(tmp_path):
 
 
 def test_bf16_requests_follow_the_decision(monkeypatch):
-    import lpes_nb.models as models
+    import lpes_nb.store.models as models
 
     unsafe = machine.Bf16Status(False, None, "Test CPU", "a bf16 matmul on Test CPU was killed by SIGILL")
     monkeypatch.setattr(machine, "STATUS", unsafe)
@@ -80,7 +80,7 @@ def test_bf16_requests_follow_the_decision(monkeypatch):
 
 
 def test_auto_falls_back_with_a_printed_warning(monkeypatch, capsys):
-    import lpes_nb.models as models
+    import lpes_nb.store.models as models
 
     monkeypatch.setattr(machine, "STATUS", machine.Bf16Status(False, None, "Test CPU", "killed by SIGILL"))
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
@@ -108,11 +108,11 @@ def test_this_machine_runs_a_bf16_forward_or_refuses_clearly():
     """The acceptance on whatever CPU runs the tests: through the package's entry point a bf16 forward
     completes or raises Bf16Unsafe; it never kills the process (run in a child to see a signal)."""
     code = ("import lpes_nb, torch\n"
-            "from lpes_nb.models import load_model\n"
+            "from lpes_nb.store.models import load_model\n"
             "try:\n"
             "    m = load_model('tiny-qwen2', dtype='bfloat16')\n"
             "    print('ran', m(torch.tensor([[1, 2, 3]])).logits.dtype)\n"
-            "except lpes_nb.machine.Bf16Unsafe as e:\n"
+            "except lpes_nb.system.machine.Bf16Unsafe as e:\n"
             "    print('refused', e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, f"the bf16 forward ended with return code {done.returncode}: {done.stderr[-2000:]}"
@@ -134,3 +134,25 @@ def test_every_entry_point_imports_lpes_nb_before_torch():
         torch_at = next((i for i, l in enumerate(lines) if l.startswith(("import torch", "from torch"))), None)
         ours_at = next((i for i, l in enumerate(lines) if l.startswith(("import lpes_nb", "from lpes_nb"))), None)
         assert torch_at is None or (ours_at is not None and ours_at < torch_at), f"{name} imports torch before lpes_nb"
+
+
+ISA_SEEN = ("import os, torch\n{first}\nos.environ['ONEDNN_MAX_CPU_ISA'] = 'AVX512_CORE'\n"
+            "a = torch.ones(256, 256, dtype=torch.bfloat16)\nassert float((a @ a)[0, 0]) == 256.0\n")
+
+
+@pytest.mark.skipif(not machine.cpu_has_native_bf16() or os.environ.get(machine.ISA_VARIABLE) is not None,
+                    reason="needs a CPU whose own oneDNN ISA is above AVX512_CORE, and no ISA cap set by the user")
+def test_why_the_probe_runs_at_import_not_at_the_first_bf16_model():
+    """oneDNN honours an ISA cap set after torch loads only until the process's first matmul, of any
+    dtype: a probe deferred to the first bf16 model load would come too late wherever a float32 model ran
+    first (notebook 8 does), so the decision stays at ``import lpes_nb`` (0.04 s once cached)."""
+    def isa(first: str) -> str:
+        env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+        env.pop(machine.ISA_VARIABLE, None)
+        done = subprocess.run([sys.executable, "-c", ISA_SEEN.format(first=first)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return next(line for line in done.stdout.splitlines() if ",isa:" in line)
+
+    assert "bfloat16" not in isa("pass")  # capped: torch loaded, no matmul yet
+    assert "bfloat16" in isa("torch.ones(64, 64) @ torch.ones(64, 64)")  # one float32 matmul first: the cap is ignored

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpes_nb.data import Sample, qa_prompt
-from lpes_nb.evaluate import evaluate_samples, token_segments
-from lpes_nb.methods import (
+from lpes_nb.evaluation.evaluate import evaluate_samples, token_segments
+from lpes_nb.store.data import Sample, qa_prompt
+from lpes_nb.core.methods import (
     LASP,
     Baseline,
     Caliope,
@@ -141,8 +141,8 @@ def test_methods_fail_clearly_on_bad_input(tiny_llama, tokenizer):
 
 
 def test_attention_buckets_with_one_bucket_at_the_models_base_is_the_baseline(tiny_llama, tokenizer):
-    from lpes_nb.tasks import EvalSettings
-    from lpes_nb.methods import AttentionBuckets
+    from lpes_nb.evaluation.tasks import EvalSettings
+    from lpes_nb.core.methods import AttentionBuckets
 
     one = AttentionBuckets(bases=[tiny_llama.config.rope_parameters["rope_theta"]])
     assert np.array_equal(_logprobs(tiny_llama, tokenizer, one), _logprobs(tiny_llama, tokenizer, Baseline()))
@@ -157,8 +157,8 @@ def test_attention_buckets_ends_decoding_as_model_generate_does(smollm2, tokeniz
     """One bucket at the model's base decodes model.generate's very tokens, ended alike: a row is padded
     after its end-of-sequence token or stop string, decoding stops once every row has ended (not after
     max_new_tokens: each step is one pass per bucket), and min_new_tokens holds the end off."""
-    from lpes_nb.evaluate import _left_pad
-    from lpes_nb.methods import AttentionBuckets
+    from lpes_nb.evaluation.evaluate import _left_pad
+    from lpes_nb.core.methods import AttentionBuckets
 
     # a trained model (a random one repeats one token): its two answers part at step k
     one = AttentionBuckets(bases=[smollm2.config.rope_parameters["rope_theta"]])
@@ -185,7 +185,7 @@ def test_attention_buckets_ends_decoding_as_model_generate_does(smollm2, tokeniz
 
 
 def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
-    from lpes_nb.methods import AttentionBuckets
+    from lpes_nb.core.methods import AttentionBuckets
 
     a, b = torch.randn(1, 2, 5), torch.randn(1, 2, 5)
     assert torch.equal(AttentionBuckets.combine([a, a]), a)
@@ -199,7 +199,7 @@ def test_attention_buckets_combine_and_change_outputs(tiny_llama, tokenizer):
 def test_attention_buckets_cached_decoding_is_the_whole_sequence_recomputed_each_step(tiny_llama, monkeypatch):
     """The reference combines the buckets' logits over whole sequences; ours keeps one cache per
     bucket. Greedy tokens and each step's combined logits must be the recomputed loop's."""
-    from lpes_nb.methods import AttentionBuckets
+    from lpes_nb.core.methods import AttentionBuckets
 
     buckets, steps = AttentionBuckets(), []
     combine = AttentionBuckets.combine
@@ -260,10 +260,10 @@ def test_every_registered_method_implements_the_protocol_in_both_judges(tokenize
     """The evaluator calls only Method's members; every registry entry runs through score and
     generate mode on document prompts, and is one entry of METHODS. (A 32k-position window, so that
     CALIOPE's default layouts fit.)"""
-    from lpes_nb.benchmarks import METHODS, compared_methods
-    from lpes_nb.tasks import EvalSettings
-    from lpes_nb.methods import Method
-    from lpes_nb.models import model_from_config, tiny_config
+    from lpes_nb.studies.benchmarks import METHODS, compared_methods
+    from lpes_nb.evaluation.tasks import EvalSettings
+    from lpes_nb.core.methods import Method
+    from lpes_nb.store.models import model_from_config, tiny_config
 
     tiny_llama = model_from_config(tiny_config("tiny-llama", max_position_embeddings=32768))
     methods = compared_methods([1.0, 1.5, 2.0, 1.5])

@@ -5,8 +5,8 @@ import importlib.metadata
 import pytest
 import torch
 
-from lpes_nb import models
-from lpes_nb.models import (
+from lpes_nb.store import models
+from lpes_nb.store.models import (
     EMBEDDED,
     TINY_MODELS,
     ensure_embedded,
@@ -125,7 +125,7 @@ def test_embedded_model_answers_a_simple_question(smollm2):
 
 def test_the_weight_fingerprint_does_not_depend_on_where_the_model_was_loaded_from(tmp_path):
     """Result keys contain it: the same weights loaded from another cache folder must hit them."""
-    from lpes_nb.models import load_model, model_fingerprint
+    from lpes_nb.store.models import load_model, model_fingerprint
 
     model = load_model("tiny-llama")
     for folder in ("a", "b"):
@@ -138,7 +138,7 @@ def test_the_weight_fingerprint_does_not_depend_on_where_the_model_was_loaded_fr
 
 def test_the_model_part_of_a_result_key_tells_weights_and_dtypes_apart():
     """Every cached result's parameters carry model_key: same name, other weights or dtype -> other key."""
-    from lpes_nb.models import load_model, model_key
+    from lpes_nb.store.models import load_model, model_key
 
     model = load_model("tiny-llama")
     part = model_key("tiny-llama", model)
@@ -152,7 +152,7 @@ def test_the_model_part_of_a_result_key_tells_weights_and_dtypes_apart():
 
 
 def test_native_bf16_is_read_from_the_cpu_flags():
-    from lpes_nb.models import cpu_has_native_bf16
+    from lpes_nb.store.models import cpu_has_native_bf16
 
     assert cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16\n")
     assert cpu_has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
@@ -160,7 +160,7 @@ def test_native_bf16_is_read_from_the_cpu_flags():
 
 
 def test_auto_dtype_follows_the_cpu(monkeypatch):
-    import lpes_nb.models as models
+    import lpes_nb.store.models as models
 
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
     assert models.resolve_dtype("auto") == torch.bfloat16

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
-from lpes_nb.moice import MoICE, ReferenceRouter
-from lpes_nb.models import model_from_config, tiny_config
+from lpes_nb.evaluation.moice import MoICE, ReferenceRouter
+from lpes_nb.store.models import model_from_config, tiny_config
 
 # seven bases far apart: on 40 tokens the reference's own set (10,000 … 25,000) gives near-identical attention
 # under every base, and a test of the mixture could not tell one router from another
@@ -105,7 +105,7 @@ def test_topk_outside_the_bases_is_refused():
 
 
 def test_reference_training_moves_only_the_gates_and_resumes_step_for_step(tmp_path, tokenizer):
-    from lpes_nb.moice import ReferenceTraining, train_reference_router
+    from lpes_nb.evaluation.moice import ReferenceTraining, train_reference_router
 
     model = model_from_config(tiny_config("tiny-llama"), seed=4)
     before = [p.detach().clone() for p in model.parameters()]
@@ -128,7 +128,7 @@ def test_reference_training_moves_only_the_gates_and_resumes_step_for_step(tmp_p
 
 
 def test_general_text_leaves_out_every_mdqa20_question(tokenizer):
-    from lpes_nb.data import general_text, load_mdqa
+    from lpes_nb.store.data import general_text, load_mdqa
 
     text = tokenizer.decode(sum(general_text(tokenizer, 40, 256), []))
     assert not any(f"Question: {r['question']}\n" in text for r in load_mdqa())

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
-from lpes_nb.methods import Baseline, MsPoE, OutlierHeadScales, ms_poe_ratios
-from lpes_nb.models import model_from_config, tiny_config
+from lpes_nb.core.methods import Baseline, MsPoE, OutlierHeadScales, ms_poe_ratios
+from lpes_nb.store.models import model_from_config, tiny_config
 
 MIN, MAX, FIRST = 1.2, 1.8, 2
 # query-projection gains per (layer, head): heads of different sharpness, so that every head has its own
@@ -206,7 +206,7 @@ def test_under_grouped_query_attention_ms_poe_stays_relative_where_a_literal_por
 
 
 def test_ms_poe_parts_keep_its_ratio_range_without_the_heads_and_its_heads_without_the_score(gqa):
-    from lpes_nb.benchmarks import ms_poe_parts
+    from lpes_nb.studies.benchmarks import ms_poe_parts
 
     parts = ms_poe_parts(gqa)
     assert list(parts) == ["Ms-PoE", "Ms-PoE, fixed head order", "PI ×1.35 from layer 2"]  # ratios {1.2, 1.5}

@@ -6,8 +6,9 @@ import pytest
 
 from scipy import stats
 
-from lpes_nb import position_gate, splits
-from lpes_nb.position_gate import contrasts, gate, newcombe_paired, paired_wide
+from lpes_nb.evaluation import position_gate
+from lpes_nb.evaluation.position_gate import contrasts, gate, newcombe_paired, paired_wide
+from lpes_nb.store import splits
 
 
 def _cell(n: int, accuracy: dict, seed: int = 0, noise: float = 0.1) -> pd.DataFrame:
@@ -159,7 +160,7 @@ def test_a_method_comparison_refuses_unpaired_records_and_never_has_zero_width()
 
 
 def test_size_differences_pair_records_per_position_and_on_ends_minus_middle_in_one_holm_family():
-    from lpes_nb.position_gate import size_differences
+    from lpes_nb.evaluation.position_gate import size_differences
 
     rng = np.random.default_rng(0)
     positions = (0.0, 0.25, 0.5, 0.75, 1.0)

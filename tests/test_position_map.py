@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb import position_map
-from lpes_nb.evaluate import encode
-from lpes_nb.profiles import RecordCell
-from lpes_nb.tasks import KV_WRITTEN_FORMS, TASKS
+from lpes_nb.evaluation.evaluate import encode
+from lpes_nb.evaluation.tasks import KV_WRITTEN_FORMS, TASKS
+from lpes_nb.studies import position_map
+from lpes_nb.studies.profiles import RecordCell
 
 
 def _cell(task, num_items, accuracies, n=30, tokens=500):
@@ -37,7 +37,7 @@ def test_summary_has_exact_intervals_nominal_positions_and_rho():
 
 
 def test_stored_cells_are_named_and_ordered_by_model_task_and_size_not_by_key(tmp_path, monkeypatch):
-    from lpes_nb.results import cached_table
+    from lpes_nb.store.results import cached_table
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     for model, task, items in (("b", "kv", 78), ("a", "kv", 17), ("a", "kv", 9), ("a", "mdqa", 10)):
@@ -59,8 +59,8 @@ def test_items_for_length_hits_the_target_length(tokenizer):
 def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypatch):
     """The map's record cell sharded over two spawned workers (each loading the model once) gives the
     table one process gives; the parent alone writes the store, and a rerun reads it."""
-    from lpes_nb.models import load_model, load_tokenizer
-    from lpes_nb.position_map import record_cell
+    from lpes_nb.store.models import load_model, load_tokenizer
+    from lpes_nb.studies.position_map import record_cell
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path / "one"))
     one = record_cell(load_model("tiny-llama"), load_tokenizer("tiny-llama"), "tiny-llama", "float32", "mdqa", 5, range(4), 4,
@@ -79,7 +79,7 @@ def test_record_cells_on_two_local_workers_equal_one_process(tmp_path, monkeypat
 def test_kv_record_cell_reads_both_original_files(tmp_path, monkeypatch):
     """The KV record cell: the original UUID records of 75 or 140 pairs, the gold pair at the map's five
     positions, judged as the original evaluation, the gold log-probability beside; stored per record."""
-    from lpes_nb.models import load_model, load_tokenizer
+    from lpes_nb.store.models import load_model, load_tokenizer
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     name = "paper-dry-llama"  # a tiny model with a 16k window: 140 UUID pairs are ~10k of its tokens
@@ -113,7 +113,7 @@ def test_a_chunked_record_cell_is_stored_apart_and_agrees_in_float32(tmp_path, m
     """Continuations in pieces are exact up to summation order (float32: same answers) but not
     bitwise equal in bf16, so a chunked cell lives under its own key; the cells stored before pieces
     existed keep theirs (the committed MDQA-20 cell's key is pinned here)."""
-    from lpes_nb.models import load_model, load_tokenizer
+    from lpes_nb.store.models import load_model, load_tokenizer
 
     assert position_map.record_table("qwen2.5-coder-0.5b", "bfloat16", "mdqa", 20, 8, "cpu").path.name == \
         "position_map_records-31ea4e6ebdd16ab1b249.jsonl"
@@ -138,7 +138,7 @@ def test_paper_curves_are_the_papers_tables():
     kv = position_map.paper_curves("kv", 140)
     assert kv.ends_minus_middle.iloc[0] == pytest.approx((99.8 + 99.2) / 2 - (92.6 + 90.6) / 2)  # middle: 0.4 and 0.6
     assert position_map.paper_curves("mdqa", 5).empty  # no paper at this layout: the cell is "not comparable"
-    from lpes_nb.data import load_kv
+    from lpes_nb.store.data import load_kv
     with pytest.raises(ValueError, match=r"hold \[75, 140\] pairs per record, not pairs=50"):
         load_kv(pairs=50)
 
@@ -148,8 +148,8 @@ def test_a_record_cell_under_a_method_is_stored_apart_with_the_gold_logprob_eith
     (pinned above), a method's cell has only the positional prompts, and a method that cannot share
     prefixes takes its gold log-probability from a teacher-forced pass, the quantity the shared path
     computes beside decoding (float32: equal to 1e-4 where both paths can run)."""
-    from lpes_nb.methods import DynamicNTK, LayerScales
-    from lpes_nb.models import load_model, load_tokenizer
+    from lpes_nb.core.methods import DynamicNTK, LayerScales
+    from lpes_nb.store.models import load_model, load_tokenizer
 
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
@@ -176,7 +176,7 @@ def test_a_withdrawn_kv_cell_is_read_for_its_answers_and_rescored_to_what_a_fres
     """Issue #99: KV cells stored before the answer forms keep their answers, lose their gold columns
     (withdrawn), are never extended; re-scoring carries them to today's key with exactly the gold
     scores a fresh computation of that key stores (the same shared-prefix scoring)."""
-    from lpes_nb.models import load_model, load_tokenizer
+    from lpes_nb.store.models import load_model, load_tokenizer
 
     assert TASKS["kv"].answer_forms == KV_WRITTEN_FORMS
     name, model, tokenizer = "paper-dry-llama", load_model("paper-dry-llama"), load_tokenizer("paper-dry-llama")
@@ -210,7 +210,7 @@ def test_the_rescored_kv75_cell_scores_what_the_model_writes_on_every_record_sto
     generated answer's correctness says on at least 98 % of rows (2 of 235 differ at 47 records). Not on all: the re-score runs one prompt
     at a time, the map decoded prompts in batches, and in bf16 the two paths can flip a near-tie (record 28,
     gold at 37: the UUID's last character, '5' against '7', 0.13 nats apart)."""
-    from lpes_nb.models import QWEN
+    from lpes_nb.store.models import QWEN
 
     cell = position_map.record_table(QWEN, "bfloat16", "kv", 75, 8, "cpu", None, None)
     done = sorted(cell.done())

@@ -5,10 +5,10 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from lpes_nb.models import load_model, load_tokenizer
-from lpes_nb.precision import agreement, agreement_summary
-from lpes_nb.profiles import PROFILES, SecondModel
-from lpes_nb.tasks import EvalSettings, TaskConfig
+from lpes_nb.evaluation.tasks import EvalSettings, TaskConfig
+from lpes_nb.store.models import load_model, load_tokenizer
+from lpes_nb.studies.precision import agreement, agreement_summary
+from lpes_nb.studies.profiles import PROFILES, SecondModel
 
 
 def test_agreement_pairs_each_sample_across_dtypes():

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from lpes_nb import prefix
-from lpes_nb.benchmarks import METHODS
-from lpes_nb.evaluate import encode, evaluate_samples
-from lpes_nb.methods import LASP, Baseline, Method, MsPoE, lpes
-from lpes_nb.models import QWEN, load_model, load_tokenizer
-from lpes_nb.tasks import TASKS, EvalSettings, TaskConfig
+from lpes_nb.core.methods import LASP, Baseline, Method, MsPoE, lpes
+from lpes_nb.evaluation import prefix
+from lpes_nb.evaluation.evaluate import encode, evaluate_samples
+from lpes_nb.evaluation.tasks import TASKS, EvalSettings, TaskConfig
+from lpes_nb.store.models import QWEN, load_model, load_tokenizer
+from lpes_nb.studies.benchmarks import METHODS
 
 
 def test_the_plan_shares_the_longest_prefixes():
@@ -257,7 +257,7 @@ def test_methods_that_cannot_share_and_sliding_windows_take_the_plain_path(smoll
 
 
 def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
-    from lpes_nb.throughput import flop_ratio, forward_flops, padded_tokens, sweep_comparison
+    from lpes_nb.operations.throughput import flop_ratio, forward_flops, padded_tokens, sweep_comparison
 
     model = load_model("tiny-llama")
     row, pieces = sweep_comparison(model, tokenizer, _kv_samples(8), EvalSettings(mode="score"), pieces=(None, 16))
@@ -282,7 +282,7 @@ def test_the_throughput_comparison_reports_ratios_and_agreement(tokenizer):
 def test_a_partial_throughput_rerun_replaces_only_its_parts(tmp_path, monkeypatch):
     import json
 
-    from lpes_nb import throughput
+    from lpes_nb.operations import throughput
 
     out = tmp_path / "throughput.json"
     here = {"cpu": "CPU A", "isa_flags": ["avx2"], "bf16": {"safe": False}, "native_bf16": False}
@@ -304,7 +304,7 @@ def test_a_partial_throughput_rerun_replaces_only_its_parts(tmp_path, monkeypatc
 def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypatch):
     import json
 
-    from lpes_nb import throughput
+    from lpes_nb.operations import throughput
 
     out = tmp_path / "throughput.json"
     here = {"cpu": "CPU B", "isa_flags": ["avx2"], "bf16": {"safe": False}, "native_bf16": False}
@@ -316,7 +316,8 @@ def test_a_partial_throughput_rerun_on_another_cpu_is_refused(tmp_path, monkeypa
 
 
 def test_the_stored_throughput_reads_as_tables_with_their_bars():
-    from lpes_nb import plots, throughput
+    from lpes_nb.operations import throughput
+    from lpes_nb.workbook import plots
 
     sweep = {"plain_s": 10.0, "shared_s": 6.0, "time_ratio": 0.6, "token_ratio": 0.7, "flop_ratio": 0.72, "identical": True,
              "prompts": 50, "model": "m", "dtype": "bfloat16", "what": "MDQA-20 sweep, 10 records x gold (0, 5, 10, 15, 19)"}

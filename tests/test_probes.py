@@ -8,9 +8,9 @@ import pytest
 from scipy import stats
 import torch
 
-from lpes_nb.data import Sample
-from lpes_nb.models import model_key
-from lpes_nb.probes import (
+from lpes_nb.store.data import Sample
+from lpes_nb.store.models import model_key
+from lpes_nb.studies.probes import (
     UnpatchedPrefix,
     coarsening_perplexity,
     masking_perplexity,
@@ -20,7 +20,7 @@ from lpes_nb.probes import (
     relative_change,
     window_perplexity,
 )
-from lpes_nb.rope import RopeSpec
+from lpes_nb.core.rope import RopeSpec
 
 WINDOWS = torch.randint(0, 49152, (2, 64), generator=torch.Generator().manual_seed(0)).tolist()
 

@@ -103,7 +103,7 @@ def test_the_wrong_regime_premise_is_gone():
     import re
 
     root = Path(__file__).resolve().parents[1]
-    for path in [*PAGES, *sorted((root / "notebooks").glob("*.ipynb")), *sorted((root / "lpes_nb").glob("*.py"))]:
+    for path in [*PAGES, *sorted((root / "notebooks").glob("*.ipynb")), *sorted((root / "lpes_nb").rglob("*.py"))]:
         assert not re.search(r"[46]0\s*[–-]\s*90\s*%", path.read_text()), f"{path.name} still states the 40-90 % premise"
 
 

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb import position_map, regime_search
-from lpes_nb.data import MDQA_RECORDS
-from lpes_nb.ga import GAConfig
-from lpes_nb.position_gate import gate
-from lpes_nb.profiles import MapModel, PositionMap, RegimeSearch
-from lpes_nb.tasks import TASKS
+from lpes_nb.core.ga import GAConfig
+from lpes_nb.evaluation.position_gate import gate
+from lpes_nb.evaluation.tasks import TASKS
+from lpes_nb.store.data import MDQA_RECORDS
+from lpes_nb.studies import position_map, regime_search
+from lpes_nb.studies.profiles import MapModel, PositionMap, RegimeSearch
 
 TINY_GA = GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1)
 

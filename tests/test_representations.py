@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb.representations import deviation_summary, layer_rsm, scale_variants
+from lpes_nb.studies.representations import deviation_summary, layer_rsm, scale_variants
 
 
 def test_layer_rsm_and_variants():

@@ -14,12 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lpes_nb import plots, results
-from lpes_nb.ga import BezierSpace, GAConfig
-from lpes_nb.moice import RouterTraining, load_or_train, router_digest
-from lpes_nb.results import CACHED_ONLY, CacheMiss, cached_table
-from lpes_nb.search import SearchRun, run_search
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.core.ga import BezierSpace, GAConfig
+from lpes_nb.evaluation.moice import RouterTraining, load_or_train, router_digest
+from lpes_nb.evaluation.tasks import TaskConfig
+from lpes_nb.store import results
+from lpes_nb.store.results import CACHED_ONLY, CacheMiss, cached_table
+from lpes_nb.studies.search import SearchRun, run_search
+from lpes_nb.workbook import plots
 
 TASK = TaskConfig("kv", 4, n=2, key_format="letters6", value_format="digits4")
 SMALL = GAConfig(population=6, parents=3, mutations=2, crossovers=1, generations=2, seed=1)
@@ -52,7 +53,7 @@ def test_cached_table_is_keyed_by_its_parameters_and_written_once(store):
 
 def test_a_result_computed_with_a_model_is_refused_without_its_weights_and_dtype(store):
     with pytest.raises(ValueError, match="model 'smollm2-135m' need its dtype and weight fingerprint: build them with "
-                                         "lpes_nb.models.model_key"):
+                                         "lpes_nb.store.models.model_key"):
         cached_table("t", {"model": "smollm2-135m", "a": 1}, lambda: pytest.fail("computed"), "smoke")
     with pytest.raises(ValueError, match="model_key"):
         results.RecordTable("t", {"model": "smollm2-135m", "dtype": "float32"}, "smoke")
@@ -79,7 +80,7 @@ def test_a_finished_search_is_read_back_and_a_changed_parameter_is_a_new_search(
     checkpoints = list(tmp_path.glob("ga-*.ckpt.json"))
     assert len(checkpoints) == 1
 
-    from lpes_nb import fitness
+    from lpes_nb.evaluation import fitness
 
     monkeypatch.setattr(fitness, "evaluate_samples", lambda *a, **k: pytest.fail("a finished search scored again"))
     monkeypatch.setenv(CACHED_ONLY, "1")
@@ -127,7 +128,7 @@ def test_figures_and_json_are_byte_identical_when_redrawn(store):
 def test_stored_router_results_need_no_weights_until_one_is_computed(tiny_llama, tokenizer, tmp_path, monkeypatch):
     """git keeps the router's JSON, not its weights: its results are keyed by the training recipe, and
     the weights are retrained only when the method actually runs."""
-    from lpes_nb.benchmarks import method_key
+    from lpes_nb.studies.benchmarks import method_key
 
     samples = TASK.samples()
     first = load_or_train(tiny_llama, tokenizer, samples, RouterTraining(steps=1, batch_size=2), tmp_path / "r", progress=False)
@@ -164,8 +165,8 @@ def test_a_router_other_than_the_one_its_results_were_made_with_is_refused(tiny_
 
 
 def test_cache_key_is_canonical_and_refuses_numpy_reprs():
-    from lpes_nb.methods import LayerScales
-    from lpes_nb.results import cache_key
+    from lpes_nb.core.methods import LayerScales
+    from lpes_nb.store.results import cache_key
 
     assert cache_key(x=np.int64(3), y=np.float32(0.5), z=np.arange(2)) == cache_key(x=3, y=0.5, z=[0, 1])
     assert repr(LayerScales(np.array([1.0, 1.25]))) == "LayerScales(scales=[1.0, 1.25], label='LPES')"
@@ -174,7 +175,7 @@ def test_cache_key_is_canonical_and_refuses_numpy_reprs():
 
 
 def test_migrate_store_rekeys_numpy_reprs_without_recomputing(tmp_path):
-    from lpes_nb.results import cache_key, migrate_store
+    from lpes_nb.store.results import cache_key, migrate_store
 
     old_params = {"method": "LayerScales(scales=[np.float64(1.0), np.float64(1.25)], label='LPES')", "n": 3}
     old = hashlib.sha256(json.dumps(old_params, sort_keys=True, default=repr).encode()).hexdigest()[:20]

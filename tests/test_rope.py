@@ -6,8 +6,8 @@ import pytest
 import torch
 from zoo import with_rope_parameters
 
-from lpes_nb.models import model_from_config
-from lpes_nb.rope import (
+from lpes_nb.store.models import model_from_config
+from lpes_nb.core.rope import (
     IDENTITY,
     RopePatch,
     RopeSpec,
@@ -103,7 +103,7 @@ KEEP = (lambda p: p, lambda pos: pos)
 
 @pytest.fixture(params=["tiny-llama", "tiny-qwen2", "tiny-mistral"])
 def tiny_no_window(request):
-    from lpes_nb.models import load_model
+    from lpes_nb.store.models import load_model
 
     return load_model(request.param)
 
@@ -309,7 +309,7 @@ def test_generate_under_patch_equals_stepwise_decode_tiny(tiny_llama):
 
 @pytest.mark.slow
 def test_generate_under_patch_equals_stepwise_decode_smollm2(smollm2):
-    from lpes_nb.models import load_tokenizer
+    from lpes_nb.store.models import load_tokenizer
 
     tok = load_tokenizer()
     text = "The Eiffel Tower is in Paris. The Colosseum is in Rome. Big Ben is in London. The Colosseum is in"
@@ -378,7 +378,7 @@ def test_non_rope_model_is_rejected():
 
 
 def test_find_rope_stack_reads_per_layer_type_tables():
-    from lpes_nb.models import load_model
+    from lpes_nb.store.models import load_model
 
     stack = find_rope_stack(load_model("tiny-gemma3"))
     full, _ = stack.native(3)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from zoo import VOCAB, build, rope_types, tiny_model, with_rope_parameters
 
-from lpes_nb.rope import (
+from lpes_nb.core.rope import (
     IDENTITY,
     RopePatch,
     RopeSpec,

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from lpes_nb.run import clean_for_publish, discover, select
+from lpes_nb.workbook.run import clean_for_publish, discover, select
 
 
 def test_discover_and_select(tmp_path):
@@ -50,7 +50,7 @@ def test_clean_for_publish_drops_widget_state_and_tqdm_noise(tmp_path):
 
 
 def test_notebook_parameters_from_the_command_line_are_python_literals_or_strings():
-    from lpes_nb.run import _literal
+    from lpes_nb.workbook.run import _literal
 
     assert [_literal(v) for v in ("8", "ray", "None", "auto", "[1, 2]")] == [8, "ray", None, "auto", [1, 2]]
 
@@ -58,7 +58,7 @@ def test_notebook_parameters_from_the_command_line_are_python_literals_or_string
 def test_no_committed_notebook_holds_a_progress_bar():
     """A frozen bar is not a result: publishing drops it, and a cached-only run shows none (so the
     strict nbval check of the published run sees none either)."""
-    from lpes_nb.run import PROGRESS_BAR
+    from lpes_nb.workbook.run import PROGRESS_BAR
 
     root = Path(__file__).resolve().parents[1] / "notebooks"
     found = [(path.stem, text[:60]) for path in sorted(root.glob("*.ipynb"))

@@ -5,10 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lpes_nb import data, metrics
-from lpes_nb.fitness import paired_differences, paired_fitness_difference, position_table
-from lpes_nb.representations import structure_deviation
-from lpes_nb.tasks import TASKS, copy_columns
+from lpes_nb.evaluation import metrics
+from lpes_nb.evaluation.fitness import paired_differences, paired_fitness_difference, position_table
+from lpes_nb.evaluation.tasks import TASKS, copy_columns
+from lpes_nb.store import data
+from lpes_nb.studies.representations import structure_deviation
 
 
 def test_proportion_ci_is_wilson_and_never_of_zero_width():

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import lpes_nb
-from lpes_nb.bezier import layer_scales
-from lpes_nb.models import load_model, model_identity
-from lpes_nb.results import save_scales
-from lpes_nb.rope import RopePatch, scale_specs
+from lpes_nb.core.bezier import layer_scales
+from lpes_nb.core.rope import RopePatch, scale_specs
+from lpes_nb.store.models import load_model, model_identity
+from lpes_nb.store.results import save_scales
 
 POINTS = [[0.0, 1.1], [1.0, 1.9], [2.0, 1.2], [3.0, 1.6]]  # x in layer units of a 4-layer model
 

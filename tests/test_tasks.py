@@ -2,9 +2,9 @@
 
 import pytest
 
-from lpes_nb import data
-from lpes_nb.profiles import PROFILES, profile
-from lpes_nb.tasks import TaskConfig
+from lpes_nb.evaluation.tasks import TaskConfig
+from lpes_nb.store import data
+from lpes_nb.studies.profiles import PROFILES, profile
 
 def test_kv_task_has_every_record_at_every_position():
     cfg = TaskConfig("kv", 10, n=4, seed=3)
@@ -46,18 +46,18 @@ def test_bad_task_settings_are_named():
 
 
 def _import_profiles_with(old: str, new: str):
-    """Import a copy of lpes_nb/profiles.py with one edit, as a module of the package."""
+    """Import a copy of lpes_nb/studies/profiles.py with one edit, as a module of the package."""
     import importlib.util
     import inspect
     import sys
 
-    from lpes_nb import profiles
+    from lpes_nb.studies import profiles
 
     source = inspect.getsource(profiles)
     assert source.count(old) >= 1, old
-    spec = importlib.util.spec_from_loader("lpes_nb._edited_profiles", loader=None)
+    spec = importlib.util.spec_from_loader("lpes_nb.studies._edited_profiles", loader=None)
     module = importlib.util.module_from_spec(spec)
-    module.__package__ = "lpes_nb"
+    module.__package__ = "lpes_nb.studies"
     sys.modules[spec.name] = module  # dataclasses resolve annotations through it
     try:
         exec(compile(source.replace(old, new, 1), "profiles.py", "exec"), module.__dict__)
@@ -78,9 +78,9 @@ def test_profiles_are_typed_and_checked_when_the_module_loads():
 
 
 def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
-    from lpes_nb.data import Sample
-    from lpes_nb.evaluate import evaluate_samples
-    from lpes_nb.tasks import TASKS, EvalSettings, Task
+    from lpes_nb.store.data import Sample
+    from lpes_nb.evaluation.evaluate import evaluate_samples
+    from lpes_nb.evaluation.tasks import TASKS, EvalSettings, Task
 
     def build(cfg, positions, data_dir):
         return [Sample("echo", i, p, cfg.num_items, f"Repeat {i}:", (str(i),)) for p in positions for i in range(cfg.n)]
@@ -94,7 +94,7 @@ def test_a_new_task_is_one_registered_entry(tiny_llama, tokenizer, monkeypatch):
 
 
 def test_a_config_picks_one_part_of_the_split_by_record():
-    from lpes_nb import splits
+    from lpes_nb.store import splits
 
     parts = {part: TaskConfig.from_split("mdqa20", part, 5, num_items=6) for part in ("search", "validation", "test")}
     ids = {part: {s.sample_id for s in cfg.samples()} for part, cfg in parts.items()}

@@ -2,8 +2,8 @@
 
 import json
 
-from lpes_nb import throughput
-from lpes_nb.machine import describe_cpu
+from lpes_nb.operations import throughput
+from lpes_nb.system.machine import describe_cpu
 
 
 def test_record_cost_times_both_models_on_the_same_records_and_keeps_other_cpus(tmp_path):

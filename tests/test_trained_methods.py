@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from lpes_nb.data import Sample, kv_prompt
-from lpes_nb.evaluate import evaluate_samples
-from lpes_nb.methods import Baseline
-from lpes_nb.moice import (
+from lpes_nb.core.methods import Baseline
+from lpes_nb.evaluation.evaluate import evaluate_samples
+from lpes_nb.store.data import Sample, kv_prompt
+from lpes_nb.evaluation.moice import (
     ATTENTION_NAME,
     MoICE,
     RouterTraining,
@@ -20,8 +20,8 @@ from lpes_nb.moice import (
     save_router,
     train_router,
 )
-from lpes_nb.rope import RopePatch, RopeSpec, scale_specs
-from lpes_nb.search import _LearnedScale, gradient_search
+from lpes_nb.core.rope import RopePatch, RopeSpec, scale_specs
+from lpes_nb.studies.search import _LearnedScale, gradient_search
 from tests.test_methods import SAMPLES
 
 
@@ -78,7 +78,7 @@ def test_router_training_changes_only_the_router_and_round_trips(tiny_llama, tok
 def test_a_saved_router_is_reused_only_for_the_same_budget(tiny_llama, tokenizer, tmp_path, monkeypatch):
     first = load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=2, batch_size=2), tmp_path / "r",
                           {"model_name": "tiny-llama"}, progress=False)
-    from lpes_nb import moice
+    from lpes_nb.evaluation import moice
 
     monkeypatch.setattr(moice, "train_router", lambda *a, **k: pytest.fail("retrained a router that was saved"))
     again = load_or_train(tiny_llama, tokenizer, _kv_samples(), RouterTraining(steps=2, batch_size=2), tmp_path / "r",
@@ -91,7 +91,7 @@ def test_a_saved_router_is_reused_only_for_the_same_budget(tiny_llama, tokenizer
 
 def _stopped_at_step(monkeypatch, stop: int) -> list:
     """Make router training stop (as if killed) when it reaches step ``stop``; returns the steps run."""
-    from lpes_nb import moice
+    from lpes_nb.evaluation import moice
 
     real, steps = moice.backward_answer_nll, []
 
@@ -154,7 +154,7 @@ def test_gradient_search_moves_the_scales_by_the_answer_loss(tiny_llama, tokeniz
 
 
 def test_micro_batches_give_the_full_batch_gradient_and_loss(tiny_llama, tokenizer):
-    from lpes_nb.training import answer_batch, backward_answer_nll
+    from lpes_nb.evaluation.training import answer_batch, backward_answer_nll
 
     prompts, targets, pad = answer_batch(tokenizer, _kv_samples())
     weights = [0.2, 0.3, 0.5, 0.2, 0.3, 0.5]

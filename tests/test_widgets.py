@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpes_nb.bezier import layer_scales, validate_control_points
-from lpes_nb.widgets import clamp_points, default_points
+from lpes_nb.core.bezier import layer_scales, validate_control_points
+from lpes_nb.workbook.widgets import clamp_points, default_points
 
 pytest.importorskip("bqplot")
 
@@ -34,7 +34,7 @@ def test_a_point_cannot_be_dragged_past_its_neighbour():
 
 
 def test_explorer_state_follows_a_drag_and_exports(tmp_path):
-    from lpes_nb.widgets import BezierExplorer
+    from lpes_nb.workbook.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
     assert ex.scales == [1.5] * 30
@@ -56,7 +56,7 @@ def test_explorer_state_follows_a_drag_and_exports(tmp_path):
 
 
 def test_handles_are_left_to_the_browser_mid_drag_and_clamped_on_drop(tmp_path):
-    from lpes_nb.widgets import BezierExplorer
+    from lpes_nb.workbook.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
     ex._on_drag_start(ex._handles, {"event": "drag_start", "index": 1})
@@ -71,7 +71,7 @@ def test_handles_are_left_to_the_browser_mid_drag_and_clamped_on_drop(tmp_path):
 
 
 def test_sliders_follow_the_points_without_echoing_back(tmp_path):
-    from lpes_nb.widgets import BezierExplorer
+    from lpes_nb.workbook.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
     assert ex._handles.update_on_move  # live updates while dragging, as the issue asks
@@ -89,8 +89,8 @@ def test_sliders_follow_the_points_without_echoing_back(tmp_path):
 
 
 def test_explorer_loads_the_best_ga_result(tmp_path):
-    from lpes_nb.results import save_scales
-    from lpes_nb.widgets import BezierExplorer
+    from lpes_nb.store.results import save_scales
+    from lpes_nb.workbook.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
     ex._load_best()

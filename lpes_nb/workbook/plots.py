@@ -1,0 +1,385 @@
+"""One figure style for the whole workbook, and the figure types the studies share.
+
+Every figure is saved as PNG (200 dpi) and PDF through :func:`save`, sized for a paper column and
+with fonts readable in print."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from ..store.models import model_label
+from ..store.results import output_dir
+
+STYLE = {
+    "figure.figsize": (6.0, 3.6),
+    "figure.dpi": 100,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 8.5,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.6,
+    "lines.markersize": 5,
+    "savefig.bbox": "tight",
+    "figure.constrained_layout.use": True,  # colorbars and panel labels never overlap
+}
+COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]  # colour-blind safe
+# the curve families (lpes_nb.studies.profiles.SPACES) as a figure names them
+SPACE_NAMES = {"bezier": "cubic Bézier", "linear": "piecewise linear", "free": "free per layer"}
+
+
+def use_style() -> None:
+    """seaborn's theme (white grid, the colour-blind palette) with the workbook's sizes on top."""
+    sns.set_theme(context="paper", style="whitegrid", palette=COLOURS, rc=STYLE)
+
+
+def intervals(ax, x, y, low, high, label: str | None = None, color: str = COLOURS[0], marker: str = "o", **line):
+    """A line of points with *our* intervals (exact, paired or clustered: computed by the study, never
+    by the plotting library): seaborn draws the line, the whiskers are [low, high]."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    sns.lineplot(x=x, y=y, marker=marker, color=color, label=label, errorbar=None, ax=ax, **line)
+    ax.errorbar(x, y, yerr=np.vstack([y - np.asarray(low, dtype=float), np.asarray(high, dtype=float) - y]),
+                fmt="none", capsize=3, color=color, lw=1)
+
+
+def stamp(model: str, dtype, n: str, intervals: str | None = None) -> str:
+    """What a figure stands on, for :func:`save`: the model with its quantisation and dtype, ``n`` (say of
+    what: "30 records per position") and the intervals drawn, if any."""
+    dtype = str(dtype).removeprefix("torch.")
+    return " · ".join([model_label(model, dtype), n] + ([intervals] if intervals else []))
+
+
+def save(fig, name: str, profile: str, stamp: str) -> None:
+    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``, with ``stamp`` (:func:`stamp`: model,
+    quantisation, dtype, n, intervals) printed under the figure, so that a figure read alone, in print,
+    says what it stands on. Returns nothing, so that a notebook cell ending in ``plots.save(...)`` shows
+    only the figure (nbval executes without input history, where IPython ignores a trailing semicolon)."""
+    if not isinstance(stamp, str) or not stamp.strip():
+        raise ValueError(f"figure {name!r}: a stamp naming model, quantisation, dtype and n is required, got {stamp!r}")
+    fig.text(0.5, 0.0, stamp, ha="center", va="top", fontsize=7, color="0.3")  # bbox "tight" grows to hold it
+    directory = output_dir("figures", profile)
+    # no creation date: a rerun that draws the same figure leaves the committed file unchanged
+    fig.savefig(directory / f"{name}.png", dpi=200)
+    fig.savefig(directory / f"{name}.pdf", metadata={"CreationDate": None})
+
+
+def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str | None = None, relative: bool = False):
+    """Accuracy (%) vs gold position with 95 % CI bars, one line per label (tables from accuracy_table).
+    ``relative`` puts the position on [0, 1] (needs a ``num_items`` column) to compare context sizes."""
+    ax = ax or plt.subplots()[1]
+    span = 1.0 if relative else max(float(t["position"].max()) for t in tables.values()) or 1.0
+    for k, (label, t) in enumerate(tables.items()):
+        x = t["position"] / (t["num_items"] - 1) if relative else t["position"]
+        # a small sideways offset per series, so that equal values and their intervals stay apart
+        x = x + (k - (len(tables) - 1) / 2) * 0.012 * span
+        intervals(ax, x, 100 * t["mean"], 100 * t["ci_low"], 100 * t["ci_high"], label=label, color=COLOURS[k % len(COLOURS)])
+    ax.set_xlabel("relative gold position (0 = first, 1 = last)" if relative else "gold position (0 = first)")
+    ax.set_ylabel("accuracy (%), 95 % CI")
+    ax.set_ylim(-3, 103)
+    if title:
+        ax.set_title(title)
+    if len(tables) > 1:
+        ax.legend()
+    elif ax.get_legend() is not None:
+        ax.get_legend().remove()
+    return ax
+
+
+def scale_curves(curves: Mapping[str, Sequence[float]], ax=None, title: str | None = None):
+    """Per-layer scales, one line per label."""
+    ax = ax or plt.subplots()[1]
+    for label, s in curves.items():
+        ax.plot(np.arange(len(s)), s, marker=".", label=label)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("RoPE scale $s_l$")
+    if title:
+        ax.set_title(title)
+    if len(curves) > 1:
+        ax.legend()
+    return ax
+
+
+def heatmap(matrix, ax=None, xlabels=None, ylabels=None, cbar_label: str = "", title: str | None = None, **kw):
+    ax = ax or plt.subplots()[1]
+    sns.heatmap(np.asarray(matrix, dtype=float), ax=ax, cbar_kws={"label": cbar_label}, **kw)
+    ax.invert_yaxis()  # the first row at the bottom, as the axis labels read
+    if xlabels is not None:
+        step = max(1, len(xlabels) // 12)
+        ax.set_xticks(np.arange(0, len(xlabels), step) + 0.5, [str(x) for x in xlabels][::step], rotation=0)
+    if ylabels is not None:
+        step = max(1, len(ylabels) // 12)
+        ax.set_yticks(np.arange(0, len(ylabels), step) + 0.5, [str(y) for y in ylabels][::step], rotation=0)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def convergence(summary: pd.DataFrame, ax=None, title: str | None = None, reference: tuple[float, float] | None = None):
+    """GA best / mean-of-best-4 / population mean fitness by generation; ``reference`` = (fitness,
+    SE) of the unmodified model on the same search set, drawn as a line with a ±1 SE band (the best
+    individual rises by elitism alone: the question is whether it clears this line)."""
+    ax = ax or plt.subplots()[1]
+    if reference is not None:
+        value, se = reference
+        ax.axhspan(value - se, value + se, color="0.85", zorder=0)
+        ax.axhline(value, color="k", ls="--", lw=1, label=f"unmodified model ({value:.3f} ± {se:.3f} SE)")
+    for column, label in (("best", "best"), ("mean_best_4", "mean of best 4"), ("mean", "population mean")):
+        ax.plot(summary["generation"], summary[column], marker=".", label=label)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("fitness")
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def method_dots(acc: pd.DataFrame, highlight: Mapping[str, str] | None = None, reference: str = "baseline"):
+    """Accuracy per method as dots with 95 % CI whiskers: one row of panels per task, one panel per
+    gold position, methods on the y axis in the order they first appear; the reference method's
+    accuracy is a dashed line. ``acc``: ``task, method, position, n, mean, ci_low, ci_high``."""
+    highlight = highlight or {}
+    tasks = list(dict.fromkeys(acc.task))
+    methods = list(dict.fromkeys(acc.method))
+    width = max(acc.groupby("task").position.nunique())
+    fig, axes = plt.subplots(len(tasks), width, figsize=(2.6 * width + 1.2, 0.24 * len(methods) * len(tasks) + 1.2),
+                             sharex=True, sharey=True, squeeze=False, layout="constrained")
+    y = {m: i for i, m in enumerate(methods)}
+    for row, task in zip(axes, tasks):
+        t = acc[acc.task == task]
+        for ax, (position, g) in zip(row, t.groupby("position")):
+            colours = [highlight.get(m, "#0072B2") for m in g.method]
+            ax.hlines([y[m] for m in g.method], 100 * g.ci_low, 100 * g.ci_high, colors=colours, lw=1.4)
+            ax.scatter(100 * g["mean"], [y[m] for m in g.method], c=colours, s=18, zorder=3)
+            ref = g[g.method == reference]
+            if len(ref):
+                ax.axvline(100 * ref["mean"].iloc[0], color="black", ls="--", lw=0.8)
+            ax.set_title(f"{task}, gold at item {position + 1} (n = {int(g.n.iloc[0])})", fontsize=9)
+        for ax in row[t.position.nunique():]:
+            ax.set_visible(False)
+    axes[0, 0].set_yticks(range(len(methods)), methods)  # the y axis is shared: set (and invert) it once
+    axes[0, 0].invert_yaxis()
+    for ax in axes[-1]:
+        ax.set_xlabel("accuracy (%), 95 % CI")
+    axes[0, 0].set_xlim(-3, 103)
+    return fig
+
+
+def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
+    """Inference time relative to the baseline: median ratio as a bar, the interquartile range of the
+    per-round ratios as a whisker."""
+    order = latency.sort_values("median_ratio")
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(order) + 1.2))
+    ax.barh(order.variant, order.median_ratio, color=["#D55E00" if v == highlight else "#0072B2" for v in order.variant],
+            xerr=np.vstack([order.median_ratio - order.q25_ratio, order.q75_ratio - order.median_ratio]),
+            error_kw=dict(ecolor="black", lw=1, capsize=2))
+    ax.axvline(1.0, color="black", lw=1, ls="--")
+    ax.set_xlabel("inference time / baseline (bar: median, whisker: interquartile range over rounds)")
+    ax.set_title(title)
+    ax.grid(axis="y", visible=False)
+    return fig
+
+
+def difference_intervals(diffs: pd.DataFrame, title: str):
+    """Paired Δλ of each method against each reference with its 95 % interval (rows of
+    :func:`lpes_nb.evaluation.fitness.paired_differences`), one panel per reference, zero marked; the
+    minimum detectable effect (80 % power) as a grey band around zero."""
+    refs = list(dict.fromkeys(diffs["reference"]))
+    fig, axes = plt.subplots(1, len(refs), figsize=(4.2 * len(refs), 0.45 * diffs["method"].nunique() + 1.4),
+                             sharex=True, squeeze=False)
+    for a, ref in zip(axes[0], refs):
+        d = diffs[diffs["reference"] == ref].reset_index(drop=True)
+        y = np.arange(len(d))
+        mde = d["mde_80"].median()
+        a.axvspan(-mde, mde, color="0.88", zorder=0)
+        a.axvline(0, color="k", lw=0.8)
+        same = d["identical"].to_numpy(dtype=bool) if "identical" in d else np.zeros(len(d), dtype=bool)
+        a.errorbar(d["difference"][~same], y[~same], xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]])[:, ~same],
+                   fmt="o", capsize=3, color="#0072B2")
+        a.plot(d["difference"][same], y[same], "D", color="0.45", label="identical to the reference (no interval)")
+        if same.any():
+            a.legend(loc="lower right", fontsize=7)
+        a.set_yticks(y, d["method"])
+        a.invert_yaxis()
+        a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)\n"
+                     f"grey: ±MDE at 80 % power ≈ {mde:.2f}")
+    fig.suptitle(title)
+    return fig
+
+
+def position_length_heatmaps(table: pd.DataFrame, title: str):
+    """The position × length map: one panel per (model, task), accuracy in % by relative gold position
+    (x) and prompt length (y), each cell annotated with its accuracy and 95 % interval."""
+    panels = list(table.groupby(["model", "dtype", "task"], sort=False).groups)
+    models = list(dict.fromkeys(m for m, _, _ in panels))
+    tasks = list(dict.fromkeys(t for _, _, t in panels))
+    fig, axes = plt.subplots(len(models), len(tasks), figsize=(3.6 * len(tasks), 0.55 * table.length_tokens.nunique() + 2.4 * len(models)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for model, dtype, task in panels:
+        ax = axes[models.index(model), tasks.index(task)]
+        ax.set_visible(True)
+        t = table[(table.model == model) & (table.task == task)]
+        acc = t.pivot_table(index="length_tokens", columns="relative_position", values="accuracy") * 100
+        lo = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_low") * 100
+        hi = t.pivot_table(index="length_tokens", columns="relative_position", values="ci_high") * 100
+        labels = acc.round().astype(int).astype(str) + "\n[" + lo.round().astype(int).astype(str) + "–" \
+            + hi.round().astype(int).astype(str) + "]"
+        sns.heatmap(acc, ax=ax, vmin=0, vmax=100, cmap="viridis", cbar=False, annot=labels, fmt="",
+                    annot_kws={"fontsize": 6.5}, xticklabels=[f"{c:g}" for c in acc.columns], yticklabels=list(acc.index))
+        ax.invert_yaxis()  # longer prompts higher up
+        ax.tick_params(axis="y", rotation=0)
+        mesh = ax.collections[0]  # one colour scale (0-100 %) for every panel
+        ax.set_title(f"{model} ({dtype})\n{task}", fontsize=9)
+        ax.set_xlabel("gold position (0 = first, 1 = last)")
+        ax.set_ylabel("prompt tokens")
+    fig.colorbar(mesh, ax=axes, label="accuracy (%)", shrink=0.8)
+    fig.suptitle(title)
+    return fig
+
+
+def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: pd.DataFrame | None, title: str,
+                papers: pd.DataFrame | None = None):
+    """One record cell of the map: (a) accuracy (%) by relative gold position with Wilson 95 %
+    intervals, the closed-book and oracle accuracy as bands, and the papers' curves beside (``papers``:
+    rows of ``position_map.paper_curves``, one curve per ``label``); (b) and
+    (c) each position's paired difference to the mean of the two ends (accuracy in points, gold
+    log-probability in nats; ``to_ends_logprob`` None where the cell's gold scores are withdrawn) with
+    record-clustered 95 % intervals; below zero is a lost middle."""
+    fig, axes = plt.subplots(1, 3, figsize=(11.5, 4.4))
+    docs = summary[summary["relative_position"].notna()].sort_values("relative_position")  # closed-book / oracle have none
+    x = docs["relative_position"]
+    ax = axes[0]
+    for condition, colour in (("closed_book", "0.55"), ("oracle", "#009E73")):
+        row = summary[summary["condition"] == condition]
+        if len(row):
+            r = row.iloc[0]
+            ax.axhspan(100 * r["ci_low"], 100 * r["ci_high"], color=colour, alpha=0.18, lw=0)
+            ax.axhline(100 * r["accuracy"], color=colour, ls=":", lw=1.2,
+                       label=f"{condition.replace('_', '-')} {100 * r['accuracy']:.0f} % (n = {int(r['n'])})")
+    intervals(ax, x, 100 * docs["accuracy"], 100 * docs["ci_low"], 100 * docs["ci_high"],
+              label=f"ours (n = {int(docs['n'].min())} per position)")
+    if papers is not None:  # empty where the papers report no curve at this layout
+        for (label, curve), (marker, colour) in zip(papers.groupby("label", sort=False), (("s", "#D55E00"), ("^", "#CC79A7"))):
+            ax.plot(curve["relative_position"], curve["accuracy_percent"], f"{marker}--", color=colour, label=label)
+    ax.set_xlabel("relative gold position")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7.5)  # below: the curves use the height
+    for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
+        scale = 100 if unit.startswith("accuracy") else 1
+        if d is None:
+            a.text(0.5, 0.5, "gold log-prob withdrawn:\nscored without the\nquotes the model writes", ha="center",
+                   va="center", transform=a.transAxes)
+            a.set_xticks([]), a.set_yticks([])
+            continue
+        a.axhline(0, color="k", lw=0.8)
+        intervals(a, d["relative_position"], scale * d["difference"], scale * d["ci_low"], scale * d["ci_high"])
+        a.set_xlabel("relative gold position")
+        a.set_ylabel(f"Δ to the ends' mean ({unit})")
+    axes[1].set_title("paired, per record")
+    axes[2].set_title("paired, per record")
+    fig.suptitle(title)
+    return fig
+
+
+def search_convergence(table: pd.DataFrame, title: str):
+    """Searches' best fitness (solid) and mean of their best 4 (dashed) against the evaluations they
+    scored, one panel per curve family (``space``), one colour per seed (rows of
+    :func:`lpes_nb.studies.lpes_at_power.study`'s ``convergence``); the unmodified model's fitness on the same
+    records is the dotted line a curve must clear. Evaluations, not wall hours: the GA's budget is the
+    same for every family and seed, while an evaluation's hours depend on the CPU its sitting ran on."""
+    spaces = list(dict.fromkeys(table["space"]))
+    seeds = sorted(table["seed"].unique())
+    fig, axes = plt.subplots(1, len(spaces), figsize=(1.2 + 3.4 * len(spaces), 3.6), sharex=True, sharey=True, squeeze=False)
+    for ax, space in zip(axes[0], spaces):
+        family = table[table["space"] == space]
+        for seed, rows in family.groupby("seed", sort=True):
+            colour = COLOURS[seeds.index(seed) % len(COLOURS)]
+            ax.plot(rows["evaluated"], rows["best"], marker="o", color=colour, label=f"seed {seed}: best")
+            ax.plot(rows["evaluated"], rows["mean_best_4"], ls="--", marker=".", color=colour, label=f"seed {seed}: mean of best 4")
+        ax.axhline(family["unmodified"].iloc[0], color="k", ls=":", lw=1.2, label="unmodified model")
+        ax.set_title(SPACE_NAMES.get(space, space))
+        ax.set_xlabel("evaluations scored")
+    axes[0, 0].set_ylabel("fitness (Eq. 8-weighted gold log-prob)")
+    axes[0, 0].ticklabel_format(axis="y", useOffset=False)
+    axes[0, -1].legend(loc="lower right")
+    fig.suptitle(title)
+    return fig
+
+
+def _score(value: str) -> tuple[str, int, str]:
+    """A paired difference's score as an axis names it, with its factor and unit: ``correct`` (accuracy),
+    ``correct_first<k>`` (accuracy on the answers' first k words) or ``gold_logprob``."""
+    if value == "gold_logprob":
+        return "gold log-prob", 1, "nats"
+    if value == "correct" or (value.startswith("correct_first") and value[len("correct_first"):].isdigit()):
+        words = value[len("correct_first"):]
+        return "accuracy" + (f", first {words} words" if words else ""), 100, "points"
+    raise ValueError(f"unknown score {value!r}: correct, correct_first<k> or gold_logprob")
+
+
+def paired_averages(diffs: pd.DataFrame, title: str):
+    """Each comparison's paired difference averaged over the gold positions (rows of
+    :func:`lpes_nb.evaluation.position_gate.method_differences` at ``position == "average"``) with its
+    record-clustered 95 % interval, one panel per score (accuracy and accuracy on the answers' first
+    words in points, the gold answer's log-probability in nats); the grey bar around zero is each row's
+    minimum detectable effect (80 % power)."""
+    averaged = diffs[diffs["position"] == "average"]
+    values = list(dict.fromkeys(averaged["value"]))
+    pairs = list(dict.fromkeys(averaged["method"] + " − " + averaged["reference"]))
+    fig, axes = plt.subplots(1, len(values), figsize=(4.4 * len(values), 0.5 * len(pairs) + 1.5), sharey=True, squeeze=False)
+    for ax, value in zip(axes[0], values):
+        d = averaged[averaged["value"] == value]
+        score, factor, unit = _score(value)
+        y = np.array([pairs.index(p) for p in d["method"] + " − " + d["reference"]])
+        ax.barh(y, 2 * factor * d["mde"], left=-factor * d["mde"], height=0.5, color="0.88", zorder=0)
+        ax.axvline(0, color="k", lw=0.8)
+        x = factor * d["difference"]
+        ax.errorbar(x, y, xerr=np.vstack([x - factor * d["ci_low"], factor * d["ci_high"] - x]), fmt="o", capsize=3, color=COLOURS[0])
+        ax.set_yticks(range(len(pairs)), pairs)
+        low, high = int(d["n"].min()), int(d["n"].max())
+        # on its own line: beside the score, three panels' labels ran into each other
+        ax.set_xlabel(f"paired Δ {score} ({unit})\nn = {low if low == high else f'{low}–{high}'} records; grey: ±MDE at 80 % power")
+    axes[0][0].invert_yaxis()  # the first comparison on top (the axes share y: invert once)
+    fig.suptitle(title)
+    return fig
+
+
+def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
+    """This CPU's speed (:func:`lpes_nb.operations.throughput.tables`): left, one forward's share of the GEMM peak
+    of its dtype against the prompt length, per model and dtype; right, each plain-vs-shared
+    comparison's time ratio (whiskers: its rounds' range) beside the token and FLOP ratios the shared
+    prefixes allow and the bar it must meet."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.4), gridspec_kw={"width_ratios": [1, 1.25]})
+    for k, ((model, dtype), rows) in enumerate(forward.groupby(["model", "dtype"], sort=False)):
+        left.plot(rows["tokens"], rows["percent_of_gemm_peak"], marker="o", color=COLOURS[k % len(COLOURS)], label=f"{model}, {dtype}")
+    left.set_xlabel("prompt tokens (one forward)")
+    left.set_ylabel("% of the dtype's GEMM peak")
+    left.set_ylim(0, 105)
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)  # below: inside, it hid the lowest line
+    y = np.arange(len(comparisons))
+    ratio = comparisons["time_ratio"].to_numpy()
+    right.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",
+                   capsize=3, color=COLOURS[0], label="time ratio (shared ÷ plain)")
+    right.scatter(comparisons["token_ratio"], y, marker="x", color=COLOURS[1], label="token ratio", zorder=3)
+    right.scatter(comparisons["flop_ratio"], y, marker="+", s=60, color=COLOURS[2], label="FLOP ratio", zorder=3)
+    right.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet", zorder=3)
+    right.set_yticks(y, [f"{r.comparison}\n{r.model}, {r.dtype}" for r in comparisons.itertuples()])
+    right.invert_yaxis()
+    right.set_xlim(0, 1.05)
+    right.axvline(1, color="0.6", lw=0.8)
+    right.set_xlabel("shared ÷ plain (lower is faster)")
+    right.legend(loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2, fontsize=8)
+    fig.suptitle(title)
+    return fig
