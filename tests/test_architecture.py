@@ -153,3 +153,11 @@ def test_the_core_imports_only_torch_numpy_and_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_the_top_level_hands_on_the_public_api_without_loading_torch_at_import():
+    code = ("import sys, lpes_nb; light = 'torch' not in sys.modules; "
+            "print(light, all(getattr(lpes_nb, n).__name__ == n for n in lpes_nb.PUBLIC), 'apply' in dir(lpes_nb))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "True"]
