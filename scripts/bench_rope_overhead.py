@@ -13,7 +13,7 @@ import torch
 from lpes_nb.core.rope import RopePatch, scale_specs
 from lpes_nb.store.models import load_model
 from lpes_nb.store.results import write_csv, write_json
-from lpes_nb.system.timing import interleaved_times, ratio_to_baseline
+from lpes_nb.system.footprint import interleaved_times, ratio_to_baseline
 
 
 def main():

@@ -43,7 +43,7 @@ from ..core.methods import lpes
 from ..store.models import QWEN, QWEN_15B, load_model, load_tokenizer
 from ..store.results import output_dir, write_json
 from ..evaluation.tasks import TASKS, EvalSettings, TaskConfig
-from ..system.timing import interleaved_times, ratio_to_baseline
+from ..system.footprint import interleaved_times, ratio_to_baseline
 
 MDQA_GOLD = (0, 5, 10, 15, 19)
 

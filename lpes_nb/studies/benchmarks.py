@@ -36,7 +36,7 @@ from ..evaluation.moice import MoICE, router_digest
 from ..store.results import cached_table, reading_only
 from ..core.rope import RopeSpec, dynamic_ntk_base, find_rope_stack, key_value_heads, rope_context, single_base
 from ..evaluation.tasks import EvalSettings, TaskConfig, scoring_key
-from ..system.timing import interleaved_times, ratio_to_baseline
+from ..system.footprint import interleaved_times, ratio_to_baseline
 
 # The compared methods, by display name, in the order of the benchmark tables: each entry builds the
 # method from the searched per-layer scales and the trained MoICE (or None). A new method is one entry.

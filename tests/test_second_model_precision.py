@@ -7,7 +7,7 @@ import pytest
 
 from lpes_nb.evaluation.tasks import EvalSettings, TaskConfig
 from lpes_nb.store.models import load_model, load_tokenizer
-from lpes_nb.studies.precision import agreement, agreement_summary
+from lpes_nb.studies.second_model import agreement, agreement_summary
 from lpes_nb.studies.profiles import PROFILES, SecondModel
 
 
