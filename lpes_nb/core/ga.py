@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .bezier import CURVES, Y_RANGE, default_control_points, layer_scales, smoothness
 from ..system.files import atomic_write
+from .bezier import CURVES, Y_RANGE, default_control_points, layer_scales, smoothness
 
 Fitness = Callable[[np.ndarray], Sequence[float]]
 

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .fitness import LAMBDAS, PositionFitness
 from ..store.models import load_model, load_tokenizer
 from ..store.results import ResultCache
+from .fitness import LAMBDAS, PositionFitness
 from .tasks import EvalSettings, TaskConfig
 
 _loads = 0  # models loaded by FitnessSpec.build in this process (a worker reports it)

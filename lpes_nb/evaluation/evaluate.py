@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import prefix
-from ..store.data import Sample
 from ..core.methods import Baseline, Method
+from ..store.data import Sample
+from . import prefix
 from .tasks import TASKS, EvalSettings, copy_columns
 
 # --- tokenisation -------------------------------------------------------------------------------

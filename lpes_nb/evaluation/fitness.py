@@ -13,13 +13,13 @@ import pandas as pd
 from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
-from ..store.data import Sample
-from .evaluate import evaluate_samples
 from ..core.methods import LayerScales
-from .metrics import accuracy_table, check_finite, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
+from ..store.data import Sample
 from ..store.models import model_key
-from .prefix import check_chunk
 from ..store.results import ResultCache, cache_key
+from .evaluate import evaluate_samples
+from .metrics import accuracy_table, check_finite, minimum_detectable_effect, proportion_ci, rank_agreement, spearman_interval, u_shape_rho
+from .prefix import check_chunk
 from .tasks import EvalSettings, scoring_key
 
 LAMBDAS = (0.2, 0.3, 0.5)  # fitness weights of begin / middle / end accuracy

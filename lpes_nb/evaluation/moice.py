@@ -34,13 +34,13 @@ from transformers.activations import ACT2FN
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
-from ..system import footprint
-from ..store.data import general_text
 from ..core.interventions import Interventions
 from ..core.methods import Method
-from ..system.files import atomic_write
-from ..store.results import cache_key, will_compute, write_json
 from ..core.rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
+from ..store.data import general_text
+from ..store.results import cache_key, will_compute, write_json
+from ..system import footprint
+from ..system.files import atomic_write
 from .training import answer_batch, backward_answer_nll, backward_lm_nll, frozen
 
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models

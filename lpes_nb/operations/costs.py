@@ -37,20 +37,20 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS
+from ..evaluation.training import frozen
 from ..store import splits
-from ..studies.benchmarks import METHODS
-from .cost_model import H100, H100_SMALL_MODELS, SHAPES, VICUNA_7B, Gpu, Shape, ga_evaluations, prompt_cost
-from ..system.footprint import reset_peak_rss, rss_kib
 from ..store.models import model_from_config, tiny_config
+from ..store.results import project_root, write_csv, write_json
+from ..studies.benchmarks import METHODS
 from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
 from ..studies.profiles import Profile, profile
 from ..studies.regime_search import TRANSFER
-from ..store.results import project_root, write_csv, write_json
+from ..system.footprint import reset_peak_rss, rss_kib
 from ..workbook.run import discover, run, select
-from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS
+from .cost_model import H100, H100_SMALL_MODELS, SHAPES, VICUNA_7B, Gpu, Shape, ga_evaluations, prompt_cost
 from .throughput import has_rates, seconds_per_prompt
 from .throughput import load as load_throughput
-from ..evaluation.training import frozen
 
 COSTS_DIR = "results/costs"
 FOOTPRINT_FILE = "paper_dry_footprint.jsonl"

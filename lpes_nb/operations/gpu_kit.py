@@ -57,17 +57,17 @@ from transformers import AutoConfig
 
 from . import carry, cost_model
 
-from ..system import machine
-from ..studies.benchmarks import compared_methods, latency_samples
 from ..core.bezier import layer_scales
-from ..store.data import data_dir
+from ..core.ga import GAConfig
+from ..core.rope import RopePatch, find_rope_stack, scale_specs
 from ..evaluation.evaluate import evaluate_samples
 from ..evaluation.fitness import PositionFitness
-from ..core.ga import GAConfig
+from ..evaluation.tasks import TASKS, EvalSettings, TaskConfig
+from ..store.data import data_dir
 from ..store.models import QWEN_15B, TINY_MODELS, ensure_embedded, load_model, load_tokenizer, model_from_config, tiny_config
 from ..store.results import write_csv, write_json
-from ..core.rope import RopePatch, find_rope_stack, scale_specs
-from ..evaluation.tasks import TASKS, EvalSettings, TaskConfig
+from ..studies.benchmarks import compared_methods, latency_samples
+from ..system import machine
 
 STEPS = ("carry", "parity", "latency", "ga", "regime")
 

@@ -33,17 +33,17 @@ from torch.profiler import ProfilerActivity, profile
 
 from ..evaluation import prefix
 
-from ..system import bf16_gemm
-from ..store.data import load_mdqa, mdqa_sample
-from ..evaluation.evaluate import encode, evaluate_samples, plain_batches, record_groups
-from ..studies.lpes_at_power import PREFILL_CHUNK as LPES_AT_POWER_CHUNK
-from ..system.machine import describe_cpu
-from ..studies.position_map import load_records, record_rows
 from ..core.methods import lpes
+from ..evaluation.evaluate import encode, evaluate_samples, plain_batches, record_groups
+from ..evaluation.tasks import TASKS, EvalSettings, TaskConfig
+from ..store.data import load_mdqa, mdqa_sample
 from ..store.models import QWEN, QWEN_15B, load_model, load_tokenizer
 from ..store.results import output_dir, write_json
-from ..evaluation.tasks import TASKS, EvalSettings, TaskConfig
+from ..studies.lpes_at_power import PREFILL_CHUNK as LPES_AT_POWER_CHUNK
+from ..studies.position_map import load_records, record_rows
+from ..system import bf16_gemm
 from ..system.footprint import interleaved_times, ratio_to_baseline
+from ..system.machine import describe_cpu
 
 MDQA_GOLD = (0, 5, 10, 15, 19)
 

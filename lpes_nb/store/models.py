@@ -32,8 +32,8 @@ from transformers.utils import logging as hf_logging
 from ..system import bf16_gemm, machine
 from ..system.machine import cache_dir, cpu_has_native_bf16
 
-from ..system.files import atomic_directory
 from ..core.rope import find_rope_stack
+from ..system.files import atomic_directory
 
 EMBEDDED = "smollm2-135m"  # the default model
 QWEN = "qwen2.5-coder-0.5b"

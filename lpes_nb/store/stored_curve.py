@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.bezier import layer_scales
+from ..core.rope import RopePatch, find_rope_stack, scale_specs
 from .models import IDENTITY, describe_model, load_model, load_tokenizer
 from .results import read_scales
-from ..core.rope import RopePatch, find_rope_stack, scale_specs
 
 
 def _payload(curve) -> dict:

@@ -12,9 +12,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..store.data import Sample
 from ..evaluation.evaluate import evaluate_samples, record_groups, token_segments
 from ..evaluation.fitness import difference_text
+from ..store.data import Sample
 from ..core.methods import (
     CALIOPE_KINDS,
     LASP,
@@ -30,12 +30,12 @@ from ..core.methods import (
     ms_poe_ratios,
     pi,
 )
-from ..evaluation.metrics import perplexity
-from ..store.models import load_model, load_tokenizer
-from ..evaluation.moice import MoICE, router_digest
-from ..store.results import cached_table, reading_only
 from ..core.rope import RopeSpec, dynamic_ntk_base, find_rope_stack, key_value_heads, rope_context, single_base
+from ..evaluation.metrics import perplexity
+from ..evaluation.moice import MoICE, router_digest
 from ..evaluation.tasks import EvalSettings, TaskConfig, scoring_key
+from ..store.models import load_model, load_tokenizer
+from ..store.results import cached_table, reading_only
 from ..system.footprint import interleaved_times, ratio_to_baseline
 
 # The compared methods, by display name, in the order of the benchmark tables: each entry builds the

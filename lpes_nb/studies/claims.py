@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .lpes_at_power import WITHDRAWN
 from ..store.models import QWEN, model_label
 from ..store.results import output_dir, project_root, write_csv
+from .lpes_at_power import WITHDRAWN
 
 COLUMNS = ["claim", "paper", "where", "paper_setting", "paper_value", "ours_setting", "ours", "ci_low", "ci_high", "interval",
            "unit", "n", "mde", "verdict", "notebook", "source"]

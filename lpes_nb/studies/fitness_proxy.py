@@ -25,15 +25,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ..store import splits
-from ..store.data import kv_sample, mdqa_sample, positions_for
+from ..core.methods import LayerScales
 from ..evaluation.evaluate import evaluate_samples
 from ..evaluation.fitness import proxy_agreement, split_half_reliability, weighted_fitness
-from ..core.methods import LayerScales
-from ..store.models import QWEN, dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
-from .position_map import load_records, record_settings
 from ..evaluation.prefix import check_chunk
+from ..store import splits
+from ..store.data import kv_sample, mdqa_sample, positions_for
+from ..store.models import QWEN, dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from ..store.results import RecordTable, output_dir, will_compute, write_csv, write_json
+from .position_map import load_records, record_settings
 from .search import bezier_space
 
 VERSION = 1  # bump when the code behind a stored record changes

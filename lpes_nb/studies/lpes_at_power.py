@@ -45,21 +45,21 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ..store import splits
-from .benchmarks import METHODS
-from ..evaluation.evaluate import encode
-from ..evaluation.fitness import PositionFitness
 from ..core.ga import GAConfig, GeneticSearch
 from ..core.methods import DynamicNTK, Method
+from ..evaluation.evaluate import encode
+from ..evaluation.fitness import PositionFitness
 from ..evaluation.metrics import mdqa_correct_within
-from ..store.models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from ..evaluation.moice import MoICE, RouterTraining, load_or_train
 from ..evaluation.position_gate import method_differences, verdict_word
+from ..evaluation.tasks import EvalSettings, TaskConfig
+from ..store import splits
+from ..store.models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
+from ..store.results import output_dir, read_scales, save_scales, write_csv
+from .benchmarks import METHODS
 from .position_map import RELATIVE_POSITIONS, at_positions, load_records, positional_rows, record_cell
 from .profiles import PROFILES, SPACES, Training, profile as named_profile
-from ..store.results import output_dir, read_scales, save_scales, write_csv
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
-from ..evaluation.tasks import EvalSettings, TaskConfig
 
 DATASET = "mdqa20"
 # the `cpu` profile's study (the defaults here). Its plan, measured: one evaluation (8 records x 3

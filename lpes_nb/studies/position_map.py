@@ -23,18 +23,18 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .benchmarks import method_key
-from ..store.data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
+from ..core.methods import Method
 from ..evaluation.distributed import distributed_fitness
 from ..evaluation.evaluate import encode, evaluate_samples, gold_scores
 from ..evaluation.fitness import relative_positions
-from ..core.methods import Method
 from ..evaluation.metrics import proportion_ci, u_shape_rho
-from ..store.models import dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from ..evaluation.position_gate import gate
-from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
-from ..store.results import RecordTable, cached_table, output_dir, reading_only, will_compute, write_csv
 from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig, scoring_key
+from ..store.data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
+from ..store.models import dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
+from ..store.results import RecordTable, cached_table, output_dir, reading_only, will_compute, write_csv
+from .benchmarks import method_key
+from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
 
 RELATIVE_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LENGTH_TASKS = ("kv", "two_fact_block")  # their length is set by the number of items; MDQA's by its documents

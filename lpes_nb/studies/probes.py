@@ -16,14 +16,14 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
-from ..store.data import Sample
-from ..evaluation.evaluate import evaluate_samples
 from ..core.interventions import Interventions, Stop
 from ..core.methods import FixedSpecs
-from ..evaluation.metrics import perplexity
-from ..store.results import cached_table, reading_only
 from ..core.rope import RopeSpec, find_rope_stack, rope_context
+from ..evaluation.evaluate import evaluate_samples
+from ..evaluation.metrics import perplexity
 from ..evaluation.tasks import EvalSettings
+from ..store.data import Sample
+from ..store.results import cached_table, reading_only
 
 
 def _batches(windows: Sequence[Sequence[int]], batch_size: int, device=None) -> list[torch.Tensor]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, fields, replace
 
-from ..store.data import KV_FILES, KV_RECORDS, MDQA_RECORDS
 from ..core.ga import GAConfig
 from ..evaluation.prefix import check_chunk
-from ..store.splits import SIZES
 from ..evaluation.tasks import EvalSettings, TaskConfig
+from ..store.data import KV_FILES, KV_RECORDS, MDQA_RECORDS
+from ..store.splits import SIZES
 
 
 

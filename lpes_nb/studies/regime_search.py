@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 
 from ..evaluation.fitness import paired_fitness_difference
+from ..evaluation.tasks import TASKS
 from ..store.models import load_model, load_tokenizer, model_key
+from ..store.results import cached_table, output_dir, write_csv
 from .position_map import FIXED_CELLS
 from .profiles import PositionMap, RegimeSearch
-from ..store.results import cached_table, output_dir, write_csv
 from .search import SearchRun, bezier_space, reference_fitness, run_search, scales_samples
-from ..evaluation.tasks import TASKS
 
 TRANSFER = {"kv": "mdqa", "mdqa": "kv"}
 

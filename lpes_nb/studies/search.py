@@ -14,19 +14,19 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..system import footprint
 from ..core.bezier import Y_RANGE
-from ..store.data import Sample
+from ..core.ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
+from ..core.methods import LayerScales
+from ..core.rope import RopePatch, RopeSpec
 from ..evaluation.distributed import FitnessSpec, distributed_fitness
 from ..evaluation.evaluate import evaluate_samples
 from ..evaluation.fitness import LAMBDAS, PositionFitness, difference_text, fitness_se, position_tables, weighted_fitness
-from ..core.ga import BezierSpace, GAConfig, GAResult, GeneticSearch, PerLayerSpace
-from ..core.methods import LayerScales
-from ..store.models import dtype_name, model_identity
-from ..store.results import ResultCache, cache_key, save_ga, will_compute
-from ..core.rope import RopePatch, RopeSpec
 from ..evaluation.tasks import EvalSettings, TaskConfig
 from ..evaluation.training import answer_batch, backward_answer_nll, frozen
+from ..store.data import Sample
+from ..store.models import dtype_name, model_identity
+from ..store.results import ResultCache, cache_key, save_ga, will_compute
+from ..system import footprint
 
 
 @dataclass(frozen=True)

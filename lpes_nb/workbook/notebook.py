@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import plots
 from ..store.models import load_model, load_tokenizer
 from ..studies.profiles import Profile
 from ..studies.profiles import profile as named_profile
+from . import plots
 
 
 def setup(profile: str, model_name: str | None = None) -> tuple[Profile, str, object, object]:

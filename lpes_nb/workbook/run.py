@@ -18,10 +18,10 @@ from pathlib import Path
 import nbformat
 import papermill
 
-from ..studies import claims
-from ..system.footprint import NOTEBOOK_ENV
-from ..studies.profiles import PROFILES
 from ..store.results import PUBLISHED_PROFILE
+from ..studies import claims
+from ..studies.profiles import PROFILES
+from ..system.footprint import NOTEBOOK_ENV
 
 
 def discover(notebook_dir: Path) -> list[Path]:
