@@ -8,8 +8,10 @@ import pytest
 from scipy import stats
 import torch
 
+from lpes_nb.core.rope import RopeSpec
 from lpes_nb.store.data import Sample
 from lpes_nb.store.models import model_key
+from lpes_nb.studies import probes
 from lpes_nb.studies.probes import (
     UnpatchedPrefix,
     coarsening_perplexity,
@@ -20,7 +22,6 @@ from lpes_nb.studies.probes import (
     relative_change,
     window_perplexity,
 )
-from lpes_nb.core.rope import RopeSpec
 
 WINDOWS = torch.randint(0, 49152, (2, 64), generator=torch.Generator().manual_seed(0)).tolist()
 
@@ -99,3 +100,26 @@ def test_relative_change_is_the_mean_log_ratio_over_windows_with_a_t_interval():
     assert change.change_pct == pytest.approx(100 * np.expm1(logs.mean()))
     assert (change.ci_low, change.ci_high) == pytest.approx((100 * np.expm1(logs.mean() - half), 100 * np.expm1(logs.mean() + half)))
     assert change.windows == 3 and change.ci_low < change.change_pct < change.ci_high
+
+
+def test_the_depth_contrast_is_shallow_minus_deep_paired_per_window():
+    """Six layers, three windows: the first two layers double perplexity (×2.2 on one window), the last two
+    leave it alone; the contrast is the geometric mean of the per-window ratios, with a t interval."""
+    rows = []
+    for window, factor in enumerate((2.0, 2.0, 2.2)):
+        rows.append({"window": window, "layer": -1, "perplexity": 10.0})
+        rows += [{"window": window, "layer": layer, "perplexity": 10.0 * (factor if layer < 2 else 1.3 if layer < 4 else 1.0)}
+                 for layer in range(6)]
+    masked = pd.DataFrame(rows)
+    coarsened = pd.concat([masked[masked.layer >= 0].assign(k=4, perplexity=10.0), masked[masked.layer >= 0].assign(k=64)])
+    depth = probes.depth_contrast(masked, coarsened, 6, window=64).set_index("probe")
+    assert list(depth.index) == ["masking", "coarsening k=4"]  # k = 64 blurs all 64 positions into one: masking, once
+    d = np.log([2.0, 2.0, 2.2])
+    assert depth.loc["masking", "contrast_pct"] == pytest.approx(100 * np.expm1(d.mean()))
+    assert depth.loc["masking", "deep_pct"] == pytest.approx(0.0) and depth.loc["masking", "windows"] == 3
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+    assert depth.loc["masking", "ci_low"] == pytest.approx(100 * np.expm1(d.mean() - half))
+    assert depth.loc["coarsening k=4", "contrast_pct"] == pytest.approx(0.0)
+    assert (depth.shallow_layers == "0-1").all() and (depth.deep_layers == "4-5").all()
+    with pytest.raises(ValueError, match="at least 3 layers, got 2"):
+        probes.depth_contrast(masked, coarsened, 2, window=64)

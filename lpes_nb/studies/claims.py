@@ -211,6 +211,43 @@ def smoothness_rows(results: Path) -> list[dict]:
     return rows
 
 
+DEPTH_SOURCE = "probe_depth_contrast.csv"  # notebook 2's shallow-against-deep table
+LASP_FIGURES = {  # probe -> (where, the paper's setting, what the figure shows)
+    "masking": ("Sec. 3, Fig. 1 (masking RoPE in one layer)",
+                "Llama-1/2/3, Qwen, Phi, DeepSeek (1B–24B); PG19 windows of 8,192 tokens",
+                "shallow layers: perplexity from < 10 to > 100; deep layers: the baseline's (a figure)"),
+    "coarsening": ("Sec. 3, Fig. 2 (coarsening positions ⌊p/k⌋ in one layer)", "Llama-3-8B, k from 2 to 4,096",
+                   "shallow layers degrade even at k = 2; deep layers stable at k = 4,096 (a figure)"),
+}
+
+
+def lasp_rows(results: Path) -> list[dict]:
+    """LASP Figs. 1–2: a probe of one shallow layer (first third) raises perplexity more than a probe of one
+    deep layer (last third), paired per window; masking, and coarsening at the smallest k measured (the
+    paper: "even minor coarsening (e.g., k = 2)" hurts shallow layers; at k = the window it is masking)."""
+    table = pd.read_csv(results / DEPTH_SOURCE)
+    smallest = table[table.probe.str.startswith("coarsening")].probe.iloc[0]
+    rows = []
+    for r in table[table.probe.isin(["masking", smallest])].itertuples():
+        where, setting, shown = LASP_FIGURES[r.probe.split()[0]]
+        direction = ("reproduced in direction" if r.ci_low > 0 else "opposite" if r.ci_high < 0 else
+                     f"not reproduced at MDE {r.mde_pct:.1f} %")
+        rows.append(_row(claim=f"{r.probe}: a shallow layer's probe raises perplexity more than a deep layer's "
+                               "(one layer at a time, first third against last third of the layers)",
+                         paper=LASP, where=where, paper_setting=setting, paper_value=shown,
+                         ours_setting=f"{model_label(r.model, r.dtype)}; {r.windows} windows of {r.window} tokens of the "
+                                      f"book text; layers {r.shallow_layers} raise perplexity by {r.shallow_pct:.1f} %, "
+                                      f"layers {r.deep_layers} by {r.deep_pct:.1f} % (geometric means)",
+                         ours=r.contrast_pct, ci_low=r.ci_low, ci_high=r.ci_high,
+                         interval="95 % t interval over windows, paired per window", unit="% (shallow over deep)",
+                         n=r.windows, mde=r.mde_pct,
+                         verdict=direction + (f"; not in size: {r.shallow_pct:.1f} % where the paper shows a tenfold "
+                                              "rise (settings apart: model size, window length)"
+                                              if r.ci_low > 0 and r.probe == "masking" else ""),
+                         notebook="02", source=DEPTH_SOURCE))
+    return rows
+
+
 def latency_rows(results: Path) -> list[dict]:
     """LPES Table 4: each method's inference time over the baseline's, against the paper's."""
     source = the_stored(results, "benchmark_latency")
@@ -262,7 +299,7 @@ def unanswered() -> list[dict]:
 def ledger(results: Path | None = None) -> pd.DataFrame:
     """Every claim's row (see the module docstring), from the stored tables under ``results``."""
     results = output_dir("results", "cpu") if results is None else Path(results)
-    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *rsm_rows(results), *smoothness_rows(results),
+    rows = [*shape_rows(results), *lpes_test_rows(results), *withdrawn_rows(results), *rsm_rows(results), *smoothness_rows(results), *lasp_rows(results),
             *latency_rows(results), *(_row(**r) for r in unanswered())]
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -213,6 +213,39 @@ def masking_summary(masked: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
             .merge(vs_noise, on=["layer", "windows"]))
 
 
+def depth_contrast(masked: pd.DataFrame, coarsened: pd.DataFrame, num_layers: int, window: int, confidence: float = 0.95,
+                   power: float = 0.8) -> pd.DataFrame:
+    """LASP's layer asymmetry (its Figs. 1–2: shallow layers need RoPE, deep ones hardly do) as one paired
+    number per probe: per window, the mean log perplexity ratio (probed / unprobed) over the first third
+    of the layers minus that over the last third; its mean over windows as a ratio in % (how much more a
+    shallow-layer probe raises perplexity than a deep-layer one), a t interval and the MDE at ``power``
+    over windows. One row for masking and one per coarsening k below the ``window`` length (at k ≥ the
+    window every position is 0: that is masking), from the tables of :func:`per_window`."""
+    third = num_layers // 3
+    if third < 1:
+        raise ValueError(f"a depth contrast needs at least 3 layers, got {num_layers}")
+    shallow, deep = set(range(third)), set(range(num_layers - third, num_layers))
+    base = masked[masked.layer == -1].set_index("window").perplexity
+    probes = [("masking", masked[masked.layer >= 0])] + [(f"coarsening k={k}", coarsened[coarsened.k == k])
+                                                        for k in sorted(coarsened.k.unique()) if k < window]
+    rows = []
+    for probe, table in probes:
+        log_ratio = np.log(table.perplexity.to_numpy() / base.loc[table.window].to_numpy())
+        by = table.assign(log_ratio=log_ratio).groupby("window")
+        first = by.apply(lambda w: w.log_ratio[w.layer.isin(shallow)].mean(), include_groups=False)
+        last = by.apply(lambda w: w.log_ratio[w.layer.isin(deep)].mean(), include_groups=False)
+        d = first - last
+        n, mean, se = len(d), d.mean(), d.sem()
+        half = stats.t.ppf(0.5 + confidence / 2, n - 1) * se
+        mde = (stats.t.ppf(0.5 + confidence / 2, n - 1) + stats.t.ppf(power, n - 1)) * se
+        pct = lambda x: 100 * np.expm1(x)  # noqa: E731
+        rows.append({"probe": probe, "shallow_layers": f"0-{third - 1}", "deep_layers": f"{num_layers - third}-{num_layers - 1}",
+                     "shallow_pct": pct(first.mean()), "deep_pct": pct(last.mean()), "contrast_pct": pct(mean),
+                     "ci_low": pct(mean - half), "ci_high": pct(mean + half), "mde_pct": pct(mde), "windows": n,
+                     "window": window})
+    return pd.DataFrame(rows)
+
+
 def conclusion(probe: pd.DataFrame, coarsening: pd.DataFrame, recall: pd.DataFrame, window: int, top: int = 3) -> str:
     """Notebook 2's reading, every number from its tables (:func:`masking_summary`, the coarsening
     changes of :func:`relative_change` by layer and k, the recall accuracies by layer and position):
