@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
 
 from lpes_nb.core.ga import BezierSpace, GAConfig
 from lpes_nb.evaluation.moice import RouterTraining, load_or_train, router_digest
@@ -119,6 +120,19 @@ def test_figures_and_json_are_byte_identical_when_redrawn(store):
         "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, de-quantised, bfloat16) · 3 records · Wilson 95 % CIs")
     with pytest.raises(ValueError, match="figure 'unstamped': a stamp naming model, quantisation, dtype and n is required"):
         plots.save(plt.subplots()[0], "unstamped", "smoke", " ")
+    wide, _ = plt.subplots(1, 3, figsize=(13, 3.6))
+    plots.save(wide, "wide", "smoke", plots.stamp("qwen2.5-coder-0.5b", "bfloat16", "3 points, " * 20))  # a long stamp wraps
+    narrow, ax = plt.subplots(figsize=(4, 3))
+    ax.set_title("small", fontsize=6)
+    with pytest.raises(ValueError, match=r"figure 'narrow': text at \[6\.0\] pt, below the 7 pt"):
+        plots.save(narrow, "narrow", "smoke", "a stamp")
+    weak, _ = plt.subplots(figsize=(3, 2))
+    weak.suptitle("entropy by layer")
+    plots.save(weak, "weak", "smoke", plots.stamp("smollm2-135m", "float32", "one window", exploratory="one window"))
+    assert weak._suptitle.get_text() == "Exploratory (one window): entropy by layer"
+    sizes = {name: Image.open(store / "figures" / "smoke" / f"{name}.png").size for name in ("determinism", "wide", "weak")}
+    assert sizes["weak"][0] == 660  # drawn at 3 in: a single column
+    assert sizes["determinism"][0] == 1380 and sizes["wide"][0] == 1380  # 6.9 in at 200 dpi: drawn at 6 and 13 in
     payload = {"b": [1.5, 2.0], "a": {"z": 1, "y": 0.1}}
     first = results.write_json(store / "p.json", payload).read_bytes()
     assert results.write_json(store / "p.json", dict(reversed(payload.items()))).read_bytes() == first
@@ -234,3 +248,10 @@ def test_a_record_is_appended_once(tmp_path, monkeypatch):
     table = _table(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"record 2 is stored in .* already"):
         table.append(2, [{"record": 2}])
+
+
+def test_every_committed_figure_is_a_column_wide():
+    """Printed at 3.3 or 6.9 inches, a figure's fonts keep the sizes the style gives them (>= 7 pt)."""
+    widths = {p.name: Image.open(p).size[0] for p in sorted((results.project_root() / "figures").glob("*.png"))}
+    assert widths and {w for w in widths.values()} <= {660, 1380}, {n: w for n, w in widths.items() if w not in (660, 1380)}
+

@@ -290,6 +290,36 @@ def unanswered() -> list[dict]:
             verdict="not run — ZeroSCROLLS and L-Eval cannot be had offline", notebook=""),
         dict(claim="LPES preserves general capabilities", paper=LPES, where="Table 3", paper_setting="MMLU and C-Eval, 7B models",
             verdict="not run — the general-capability benchmarks cannot be had offline", notebook=""),
+        dict(claim="scaling RoPE raises the attention paid to the middle third of the context", paper=LPES,
+            where="App. A, Fig. 7", paper_setting="Vicuna-7B-v1.5 and Llama-2-7B, QMSum validation set",
+            paper_value="higher (a figure, no number)",
+            verdict="not comparable — exploratory: one text window, no interval (notebook 3 shows the change per layer "
+            "and scale)", notebook="03"),
+        dict(claim="attention entropy rises beyond the trained window and first rises then falls as the scale grows",
+            paper=LPES_2024, where="Sec. 5, Fig. 8", paper_setting="Vicuna-7B-v1.5 and Llama-2-7B",
+            paper_value="a figure, no number",
+            verdict="not comparable — exploratory: one text window per length, no interval (notebook 3)", notebook="03"),
+        dict(claim="without RoPE in early layers, later tokens' states grow more like the first tokens' (causal attention "
+                  "favours the beginning)",
+            paper=LPES_2024, where="Sec. 3.1, Fig. 3", paper_setting="Vicuna-7B-v1.5 and Llama-2-7B, 50 QMSum items, RoPE "
+                                                                   "removed from layers 2–4, cosine at layer 4",
+            paper_value="a figure, no number",
+            verdict="not comparable — exploratory: one text window, no interval (notebook 3)", notebook="03"),
+        dict(claim="layer-specific scales extrapolate perplexity past the trained window better than uniform PI",
+            paper=LPES_2024, where="Sec. 4.2, Table 3", paper_setting="Vicuna-7B-v1.5 and Llama-2-7B, 100 PG19 samples",
+            verdict="not comparable — exploratory: one text window per length, no interval (notebook 6)", notebook="06"),
+        dict(claim="the ablations of the search (curve family, control points, fitness weights, population)", paper=LPES,
+            where="Tables 5, 6, 11, 12", paper_setting="Qwen2.5-7B and Vicuna-7B, 500 samples per position",
+            verdict="not comparable — exploratory: the cpu profile's ablation searches are too short to leave their start "
+            "(notebook 5)", notebook="05"),
+        dict(claim="a gradient search of the per-layer scales does worse than the GA", paper=LPES, where="Table 10",
+            paper_setting="7B models, MDQA",
+            verdict="not comparable — notebook 5 stores the gradient search's accuracy by position, not per record, so it "
+            "cannot be paired with the GA's", notebook="05"),
+        dict(claim="the searched curves' shapes: larger scales in the earlier and middle layers, smaller in the later",
+            paper=LPES_2024, where="Sec. 5, Figs. 9–10", paper_setting="Vicuna-7B-v1.5, MDQA and KV retrieval",
+            verdict="not comparable — no curve searched here beat the unmodified model on validation (notebook 10), so "
+            "their shapes say nothing of a better curve", notebook="10"),
         dict(claim="cross-chunk reasoning improves with calibration", paper=CALIOPE, where="Sec. 6.2, Fig. 3, Table 4 (Babilong-QA)",
             paper_setting="Llama-3.1-8B, Qwen-2.5-14B, 128k windows",
             verdict="not run — only a two-fact proxy exists (notebook 9's map), not the paper's reasoning benchmark", notebook="09"),

@@ -1,16 +1,19 @@
 """One figure style for the whole workbook, and the figure types the studies share.
 
-Every figure is saved as PNG (200 dpi) and PDF through :func:`save`, sized for a paper column and
-with fonts readable in print."""
+Every figure is saved as PNG (200 dpi) and PDF through :func:`save` at the width of a paper's single or
+double column (:data:`COLUMNS_IN`), so that its fonts print at the sizes set here, none below
+:data:`SMALLEST_PT`."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.text import Text
 
 from ..store.models import model_label
 from ..store.results import output_dir
@@ -18,21 +21,26 @@ from ..store.results import output_dir
 STYLE = {
     "figure.figsize": (6.0, 3.6),
     "figure.dpi": 100,
-    "font.size": 10,
-    "axes.titlesize": 11,
-    "axes.labelsize": 10,
-    "legend.fontsize": 8.5,
-    "xtick.labelsize": 9,
-    "ytick.labelsize": 9,
+    # print sizes: a figure is saved at a column's width (save), so these are the points on paper
+    "font.size": 8,
+    "axes.titlesize": 8.5,
+    "figure.titlesize": 9,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7.5,
+    "xtick.labelsize": 7.5,
+    "ytick.labelsize": 7.5,
     "axes.grid": True,
     "grid.alpha": 0.3,
     "axes.spines.top": False,
     "axes.spines.right": False,
     "lines.linewidth": 1.6,
     "lines.markersize": 5,
-    "savefig.bbox": "tight",
     "figure.constrained_layout.use": True,  # colorbars and panel labels never overlap
 }
+EXPLORATORY = "exploratory"  # a stamp that starts with it labels the figure's title too
+COLUMNS_IN = (3.3, 6.9)  # a two-column paper's single and double column, inches: the widths a figure is saved at
+SMALLEST_PT = 7  # the smallest text readable in print
+STAMP_IN = 0.16  # the height of one line of the stamp under a figure, inches
 COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]  # colour-blind safe
 # the curve families (lpes_nb.studies.profiles.SPACES) as a figure names them
 SPACE_NAMES = {"bezier": "cubic Bézier", "linear": "piecewise linear", "free": "free per layer"}
@@ -52,25 +60,75 @@ def intervals(ax, x, y, low, high, label: str | None = None, color: str = COLOUR
                 fmt="none", capsize=3, color=color, lw=1)
 
 
-def stamp(model: str, dtype, n: str, intervals: str | None = None) -> str:
+def stamp(model: str, dtype, n: str, intervals: str | None = None, exploratory: str | None = None) -> str:
     """What a figure stands on, for :func:`save`: the model with its quantisation and dtype, ``n`` (say of
-    what: "30 records per position") and the intervals drawn, if any."""
+    what: "30 records per position") and the intervals drawn, if any. ``exploratory``: why the study is
+    too weak to read as a result (one window, a search that never left its start); :func:`save` then
+    puts the word in the figure's title too."""
     dtype = str(dtype).removeprefix("torch.")
-    return " · ".join([model_label(model, dtype), n] + ([intervals] if intervals else []))
+    head = [f"{EXPLORATORY} ({exploratory})"] if exploratory else []
+    return " · ".join(head + [model_label(model, dtype), n] + ([intervals] if intervals else []))
 
 
 def save(fig, name: str, profile: str, stamp: str) -> None:
-    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf``, with ``stamp`` (:func:`stamp`: model,
-    quantisation, dtype, n, intervals) printed under the figure, so that a figure read alone, in print,
-    says what it stands on. Returns nothing, so that a notebook cell ending in ``plots.save(...)`` shows
-    only the figure (nbval executes without input history, where IPython ignores a trailing semicolon)."""
+    """Write ``figures/[<profile>/]<name>.png`` and ``.pdf`` at a column's width (:data:`COLUMNS_IN`: the
+    nearer one to the width drawn, the height kept), with ``stamp`` (:func:`stamp`: model, quantisation,
+    dtype, n, intervals) printed under the figure, so that a figure read alone, in print, says what it
+    stands on. Text below :data:`SMALLEST_PT` is refused, naming the figure. Returns nothing, so that a
+    notebook cell ending in ``plots.save(...)`` shows only the figure (nbval executes without input
+    history, where IPython ignores a trailing semicolon)."""
     if not isinstance(stamp, str) or not stamp.strip():
         raise ValueError(f"figure {name!r}: a stamp naming model, quantisation, dtype and n is required, got {stamp!r}")
-    fig.text(0.5, 0.0, stamp, ha="center", va="top", fontsize=7, color="0.3")  # bbox "tight" grows to hold it
+    if stamp.startswith(EXPLORATORY):
+        reason = stamp.split(" · ")[0]
+        title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        fig.suptitle(f"{reason.capitalize()}: {title}" if title else reason.capitalize())
+    width, height = fig.get_size_inches()
+    column = min(COLUMNS_IN, key=lambda c: abs(c - width))
+    lines = textwrap.wrap(stamp, width=int(column * 20))  # about 20 characters of 7-point text per inch
+    fig.set_size_inches(column, height + STAMP_IN * len(lines))
+    # the stamp gets its own strip at the bottom; the layout engine fits the panels above it
+    if fig.get_layout_engine() is None:  # a figure drawn outside the workbook's style
+        fig.set_layout_engine("constrained")
+    strip = STAMP_IN * len(lines) / (height + STAMP_IN * len(lines))
+    fig.get_layout_engine().set(rect=(0, strip, 1, 1 - strip))  # left, bottom, width, height
+    fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=SMALLEST_PT, color="0.3")
+    _fit_text(fig)
+    small = sorted({t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()
+                    and t.get_fontsize() < SMALLEST_PT})
+    if small:
+        raise ValueError(f"figure {name!r}: text at {small} pt, below the {SMALLEST_PT} pt readable in print")
     directory = output_dir("figures", profile)
     # no creation date: a rerun that draws the same figure leaves the committed file unchanged
     fig.savefig(directory / f"{name}.png", dpi=200)
     fig.savefig(directory / f"{name}.pdf", metadata={"CreationDate": None})
+
+
+def _chars(inches: float, points: float) -> int:
+    """About how many characters of ``points``-sized text fit in ``inches`` (a character is ~0.6 em wide)."""
+    return max(12, int(inches * 72 / (0.6 * points)))
+
+
+def _fit_text(fig) -> None:
+    """What a narrower print width would cut or crowd: the title wrapped to the figure's width, panel
+    titles and x-axis labels to their panel's, and x tick labels that overlap their neighbours turned
+    upright."""
+    width = fig.get_size_inches()[0]
+    if fig._suptitle is not None:
+        title = fig._suptitle
+        title.set_text(textwrap.fill(title.get_text().replace("\n", " "), _chars(width, title.get_fontsize())))
+    fig.canvas.draw()  # the panels' widths at the print width
+    for ax in fig.axes:
+        panel = ax.get_position().width * width
+        for text in (ax.title, ax.xaxis.label):
+            if text.get_text():
+                text.set_text("\n".join(textwrap.fill(line, _chars(panel, text.get_fontsize()))
+                                        for line in text.get_text().split("\n")))
+    fig.canvas.draw()  # the tick labels' extents in the final layout
+    for ax in fig.axes:
+        boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        if any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:])):
+            ax.tick_params(axis="x", labelrotation=90)
 
 
 def accuracy_by_position(tables: Mapping[str, pd.DataFrame], ax=None, title: str | None = None, relative: bool = False):
@@ -163,7 +221,7 @@ def method_dots(acc: pd.DataFrame, highlight: Mapping[str, str] | None = None, r
             ref = g[g.method == reference]
             if len(ref):
                 ax.axvline(100 * ref["mean"].iloc[0], color="black", ls="--", lw=0.8)
-            ax.set_title(f"{task}, gold at item {position + 1} (n = {int(g.n.iloc[0])})", fontsize=9)
+            ax.set_title(f"{task}, gold at item {position + 1} (n = {int(g.n.iloc[0])})")
         for ax in row[t.position.nunique():]:
             ax.set_visible(False)
     axes[0, 0].set_yticks(range(len(methods)), methods)  # the y axis is shared: set (and invert) it once
@@ -222,12 +280,14 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
     panels = list(table.groupby(["model", "dtype", "task"], sort=False).groups)
     models = list(dict.fromkeys(m for m, _, _ in panels))
     tasks = list(dict.fromkeys(t for _, _, t in panels))
-    fig, axes = plt.subplots(len(models), len(tasks), figsize=(3.6 * len(tasks), 0.55 * table.length_tokens.nunique() + 2.4 * len(models)),
-                             squeeze=False)
+    # a task per row and a model per column: each panel gets half a double column, wide enough for a cell's
+    # accuracy and its interval at 7 points
+    lengths = table.groupby(["model", "task"]).length_tokens.nunique().max()  # rows of the tallest panel
+    fig, axes = plt.subplots(len(tasks), len(models), figsize=(6.9, (0.45 * lengths + 1.2) * len(tasks)), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
     for model, dtype, task in panels:
-        ax = axes[models.index(model), tasks.index(task)]
+        ax = axes[tasks.index(task), models.index(model)]
         ax.set_visible(True)
         t = table[(table.model == model) & (table.task == task)]
         acc = t.pivot_table(index="length_tokens", columns="relative_position", values="accuracy") * 100
@@ -236,11 +296,11 @@ def position_length_heatmaps(table: pd.DataFrame, title: str):
         labels = acc.round().astype(int).astype(str) + "\n[" + lo.round().astype(int).astype(str) + "–" \
             + hi.round().astype(int).astype(str) + "]"
         sns.heatmap(acc, ax=ax, vmin=0, vmax=100, cmap="viridis", cbar=False, annot=labels, fmt="",
-                    annot_kws={"fontsize": 6.5}, xticklabels=[f"{c:g}" for c in acc.columns], yticklabels=list(acc.index))
+                    annot_kws={"fontsize": SMALLEST_PT}, xticklabels=[f"{c:g}" for c in acc.columns], yticklabels=list(acc.index))
         ax.invert_yaxis()  # longer prompts higher up
         ax.tick_params(axis="y", rotation=0)
         mesh = ax.collections[0]  # one colour scale (0-100 %) for every panel
-        ax.set_title(f"{model} ({dtype})\n{task}", fontsize=9)
+        ax.set_title(f"{model} ({dtype})\n{task}")
         ax.set_xlabel("gold position (0 = first, 1 = last)")
         ax.set_ylabel("prompt tokens")
     fig.colorbar(mesh, ax=axes, label="accuracy (%)", shrink=0.8)
@@ -275,7 +335,7 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     ax.set_xlabel("relative gold position")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, fontsize=7.5)  # below: the curves use the height
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)  # below: the curves use the height
     for a, d, unit in ((axes[1], to_ends, "accuracy, points"), (axes[2], to_ends_logprob, "gold log-prob, nats")):
         scale = 100 if unit.startswith("accuracy") else 1
         if d is None:
@@ -367,7 +427,7 @@ def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
     left.set_xlabel("prompt tokens (one forward)")
     left.set_ylabel("% of the dtype's GEMM peak")
     left.set_ylim(0, 105)
-    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)  # below: inside, it hid the lowest line
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: inside, it hid the lowest line
     y = np.arange(len(comparisons))
     ratio = comparisons["time_ratio"].to_numpy()
     right.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",
@@ -380,6 +440,6 @@ def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
     right.set_xlim(0, 1.05)
     right.axvline(1, color="0.6", lw=0.8)
     right.set_xlabel("shared ÷ plain (lower is faster)")
-    right.legend(loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2, fontsize=8)
+    right.legend(loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2)
     fig.suptitle(title)
     return fig
