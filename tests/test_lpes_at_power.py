@@ -338,7 +338,7 @@ def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_pa
     plan = lpes_at_power.Plan(records=2, ga=GAConfig(population=5, parents=2, mutations=2, crossovers=1, generations=3),
                               items=5, profile="smoke")
     # the child computes with this process's thread count: another count sums matmuls in another order
-    code = ("from lpes_nb import lpes_at_power; from lpes_nb.core.ga import GAConfig; from lpes_nb.store.models import load_model, load_tokenizer; "
+    code = ("from lpes_nb.studies import lpes_at_power; from lpes_nb.core.ga import GAConfig; from lpes_nb.store.models import load_model, load_tokenizer; "
             f"import torch; torch.set_num_threads({torch.get_num_threads()}); plan = {plan!r}; "
             "lpes_at_power.search_seed(load_model('tiny-llama'), load_tokenizer('tiny-llama'), 'tiny-llama', 0, plan, progress=False)")
     code = code.replace("Plan(", "lpes_at_power.Plan(")

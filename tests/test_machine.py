@@ -91,7 +91,7 @@ def test_auto_falls_back_with_a_printed_warning(monkeypatch, capsys):
 def test_importing_the_package_sets_the_cap_before_torch(tmp_path):
     """End to end in a fresh interpreter: a (simulated) dying CPU is capped by ``import lpes_nb``, and
     torch, imported afterwards, sees the cap in its environment."""
-    code = ("import sys; from lpes_nb import machine\n"
+    code = ("import sys; from lpes_nb.system import machine\n"
             f"machine.PROBE = {SIGILL_UNLESS_CAPPED!r}\n"
             "machine.cpu_advertises_amx = lambda cpuinfo=None: True\n"
             "machine.STATUS = None\n"

@@ -88,14 +88,37 @@ def test_sliders_follow_the_points_without_echoing_back(tmp_path):
     assert ex.points[1, 1] == 1.62 and ex._handles.y[1] == 1.62 and f"{ex.scales[10]:.4f}" in ex._values.value
 
 
-def test_explorer_loads_the_best_ga_result(tmp_path):
+def test_explorer_loads_every_stored_curve_qwen_first_at_its_own_depth(tmp_path):
     from lpes_nb.store.results import save_scales
     from lpes_nb.workbook.widgets import BezierExplorer
 
     ex = BezierExplorer(30, 4, results_dir=tmp_path)
-    ex._load_best()
-    assert "run notebook 5 first" in ex._status.value
-    save_scales(tmp_path / "lpes_best_scales.json", [1.0] * 30, control_points=[[0, 1.2], [10, 1.9], [29, 1.1]], fitness=0.5)
-    ex._load_best()
-    assert ex.points.tolist() == [[0, 1.2], [10, 1.9], [29, 1.1]] and ex._count.value == 3
+    ex._load_stored()
+    assert "run notebook 5 or 10 first" in ex._status.value
+    save_scales(tmp_path / "lpes_best_scales.json", [1.0] * 30, control_points=[[0, 1.2], [10, 1.9], [29, 1.1]], fitness=0.5,
+                model={"name": "smollm2-135m", "layers": 30})
+    save_scales(tmp_path / "lpes_at_power" / "chosen_scales_mdqa20_qwen2.5-coder-0.5b_bfloat16.json", [1.0] * 24,
+                control_points=[[2, 1.3], [7, 1.0], [18, 1.1], [23, 1.2]], curve="bezier",
+                model={"name": "qwen2.5-coder-0.5b", "layers": 24})
+    ex = BezierExplorer(30, 4, results_dir=tmp_path)
+    labels = list(ex._stored.options)
+    assert labels == ["Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, de-quantised): notebook 10's chosen bezier curve",
+                      "SmolLM2-135M-Instruct (Q4_1, de-quantised): notebook 5's best GA result"]
+    ex._load_stored()  # the Qwen curve, 24 layers, on a 30-layer explorer: x moved to the same relative depth
+    assert ex.points[:, 0].tolist() == pytest.approx([2 * 29 / 23, 7 * 29 / 23, 18 * 29 / 23, 29.0])
+    assert "moved from 24 to 30 layers" in ex._status.value
+    ex._stored.value = ex._stored.options[labels[1]]
+    ex._load_stored()
+    assert ex.points.tolist() == [[0, 1.2], [10, 1.9], [29, 1.1]] and ex._count.value == 3 and "moved" not in ex._status.value
     assert ex.scales == pytest.approx(list(layer_scales(ex.points, 30)))
+
+
+def test_the_chosen_curves_control_points_give_their_scales():
+    """The explorer redraws notebook 10's chosen curves from their control points: those must be the curves."""
+    from lpes_nb.store.results import project_root, read_scales
+
+    chosen = sorted((project_root() / "results" / "lpes_at_power").glob("chosen_scales_*.json"))
+    drawn = [read_scales(p) for p in chosen if read_scales(p).get("control_points")]
+    assert len(drawn) >= 2
+    for payload in drawn:
+        assert layer_scales(payload["control_points"], len(payload["scales"]), payload["curve"]) == pytest.approx(payload["scales"])

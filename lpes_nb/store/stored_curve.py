@@ -30,10 +30,9 @@ def _payload(curve) -> dict:
     raise ValueError(f"a curve is a scales JSON path or its payload (a dict with 'scales'), got {type(curve).__name__}")
 
 
-def transferred_scales(payload: dict, num_layers: int) -> np.ndarray:
-    """The payload's curve at ``num_layers`` layers: its control points (x in layer units of the model
-    it was found on, ``len(payload["scales"])`` layers) moved to the same relative depth of this one, so
-    layer h of L' samples the curve where layer h·(L−1)/(L'−1) of the first model did (Eq. 6)."""
+def transferred_points(payload: dict, num_layers: int) -> np.ndarray:
+    """The payload's control points (x in layer units of the model it was found on, ``len(payload["scales"])``
+    layers) moved to the same relative depth of a model of ``num_layers`` layers."""
     points = payload.get("control_points")
     if not points:
         raise ValueError("this curve stores no control points (only its per-layer scales), so it cannot be resampled to "
@@ -41,7 +40,13 @@ def transferred_scales(payload: dict, num_layers: int) -> np.ndarray:
                          "the explorer's)")
     pts = np.asarray(points, dtype=float)
     pts[:, 0] *= (num_layers - 1) / (len(payload["scales"]) - 1)
-    return layer_scales(pts, num_layers, payload.get("curve", "bezier"))
+    return pts
+
+
+def transferred_scales(payload: dict, num_layers: int) -> np.ndarray:
+    """The payload's curve at ``num_layers`` layers (:func:`transferred_points`), so layer h of L' samples the
+    curve where layer h·(L−1)/(L'−1) of the first model did (Eq. 6)."""
+    return layer_scales(transferred_points(payload, num_layers), num_layers, payload.get("curve", "bezier"))
 
 
 def curve_scales(model, curve, transfer: bool = False, name: str | None = None) -> list[float]:

@@ -184,7 +184,8 @@ def search_seed(model, tokenizer, model_name: str, seed: int, plan: Plan = Plan(
 
 
 def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top: int = CPU.finalists) -> pd.DataFrame:
-    """The ``top`` best distinct curves of each seed's finished search: seed, rank, search fitness, scales."""
+    """The ``top`` best distinct curves of each seed's finished search: seed, rank, search fitness, scales
+    and control points (JSON; ``null`` for a per-layer search, whose genome is the scales)."""
     rows = []
     for seed in seeds:
         search, _ = searched(model, tokenizer, model_name, seed, plan)
@@ -193,7 +194,9 @@ def finalists(model, tokenizer, model_name: str, seeds, plan: Plan = Plan(), top
             raise ValueError(f"seed {seed}'s search stands at generation {int(result.summary['generation'].max())} of "
                              f"{plan.ga.generations}: finish it before validating")
         best = result.history.drop_duplicates("genome").sort_values("fitness", ascending=False, kind="stable").head(top)
-        rows += [{"seed": seed, "rank": k, "search_fitness": r.fitness, "scales": r.scales} for k, r in enumerate(best.itertuples())]
+        rows += [{"seed": seed, "rank": k, "search_fitness": r.fitness, "scales": r.scales,
+                  "control_points": json.dumps(search.space.control_points(np.asarray(json.loads(r.genome))))}
+                 for k, r in enumerate(best.itertuples())]
     return pd.DataFrame(rows)
 
 
@@ -230,7 +233,10 @@ def export_chosen(path: Path, table: pd.DataFrame, model, model_name: str, plan:
                        seeds=sorted(int(s) for s in table["seed"].dropna().unique()), fitness=f"{VALUE}, Eq. 8 weights",
                        seed=int(row["seed"]), rank=int(row["rank"]), search_fitness=float(row["search_fitness"]),
                        validation_records=int(row["validation_records"]), validation=float(row["validation"]),
-                       validation_unmodified=float(row["validation_unmodified"]))
+                       validation_unmodified=float(row["validation_unmodified"]),
+                       # the curve itself, so that it can be redrawn (the explorer) or moved to another depth (apply)
+                       **({"control_points": json.loads(row["control_points"]), "curve": plan.space}
+                          if isinstance(row.get("control_points"), str) and row["control_points"] != "null" else {}))
 
 
 SEARCHED_ON = " (searched on "  # the label of a curve searched on another dataset than the test's

@@ -17,7 +17,9 @@ import numpy as np
 from IPython.display import display
 
 from ..core.bezier import CURVES, Y_RANGE, layer_positions, layer_scales
+from ..store.models import model_label
 from ..store.results import BEST_SCALES, read_scales, save_scales
+from ..store.stored_curve import transferred_points
 
 _DRAW_POINTS = 200  # samples along the curve for drawing it
 
@@ -44,6 +46,24 @@ def clamp_points(points, num_layers: int, moved: int | None = None, y_range=Y_RA
 def default_points(num_layers: int, count: int) -> np.ndarray:
     x = np.linspace(0, num_layers - 1, count)
     return np.stack([x, np.full(count, 1.5)], axis=1)
+
+
+def stored_curves(results_dir: Path) -> dict[str, Path]:
+    """Every stored curve that has control points, labelled with the model it was found on: notebook 10's
+    chosen curves (Qwen, one per curve family) first, then notebook 5's best GA result."""
+    paths = [*sorted((results_dir / "lpes_at_power").glob("chosen_scales_*.json")), results_dir / BEST_SCALES]
+    curves = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        payload = read_scales(path)
+        if not payload.get("control_points"):
+            continue
+        found_on = payload.get("model") if isinstance(payload.get("model"), dict) else {}
+        how = (f"notebook 10's chosen {payload.get('curve', 'bezier')} curve" if path.name.startswith("chosen_scales")
+               else "notebook 5's best GA result")
+        curves[f"{model_label(found_on.get('name', 'a model not named'))}: {how}"] = path
+    return curves
 
 
 class BezierExplorer:
@@ -94,11 +114,13 @@ class BezierExplorer:
         self._path = w.Text(value=str(self.results_dir / "explorer_scales.json"), description="export to",
                             layout=w.Layout(width="420px"))
         export = w.Button(description="Export JSON", icon="download")
-        load = w.Button(description="Load best GA result", icon="upload")
+        self._stored = w.Dropdown(options=stored_curves(self.results_dir), description="stored",
+                                  layout=w.Layout(width="520px"))
+        load = w.Button(description="Load stored curve", icon="upload")
         evaluate = w.Button(description="Evaluate", icon="play", disabled=evaluate is None,
                             tooltip="score the current scales on a handful of task samples")
         export.on_click(lambda _: self._export())
-        load.on_click(lambda _: self._load_best())
+        load.on_click(lambda _: self._load_stored())
         evaluate.on_click(lambda _: self._evaluate())
         self.output = w.Output()
         self._status = w.HTML()
@@ -106,7 +128,7 @@ class BezierExplorer:
             w.HBox([self._curve_menu, self._count]),
             w.HBox([self.curve_figure, self.scales_figure]),
             self._sliders_box, self._values,
-            w.HBox([load, export, evaluate]), self._path, self._status, self.output,
+            w.HBox([self._stored, load]), w.HBox([export, evaluate]), self._path, self._status, self.output,
         ])
         self._build_sliders()
         self._refresh()
@@ -194,19 +216,22 @@ class BezierExplorer:
                            curve=self.curve, source="explorer")
         self._status.value = f"wrote {path}"
 
-    def _load_best(self) -> None:
-        path = self.results_dir / BEST_SCALES
-        if not path.is_file():
-            self._status.value = f"no search result at {path} yet: run notebook 5 first"
+    def _load_stored(self) -> None:
+        """The selected stored curve's control points; a curve found at another depth is moved to the same
+        relative depth of this one (a starting point to drag from, not a searched result), and says so."""
+        if self._stored.value is None:
+            self._status.value = f"no stored curve with control points under {self.results_dir} yet: run notebook 5 or 10 first"
             return
+        path = Path(self._stored.value)
         payload = read_scales(path)
-        points = payload.get("control_points")
-        if not points:
-            self._status.value = f"{path} has no control points"
-            return
+        points, found = transferred_points(payload, self.num_layers), len(payload["scales"])
+        if payload.get("curve") in CURVES:
+            self._curve_menu.value = payload["curve"]
         self._count.value = len(points)
         self.set_points(points)
-        self._status.value = f"loaded {path} (fitness {payload.get('fitness')})"
+        moved = (f"; moved from {found} to {self.num_layers} layers at the same relative depth (a starting point, not "
+                 "a searched result)" if found != self.num_layers else "")
+        self._status.value = f"loaded {path.name} ({self._stored.label}){moved}"
 
     def _evaluate(self) -> None:
         self.output.clear_output()
