@@ -137,27 +137,26 @@ def test_imports_inside_functions_only_for_optional_dependencies():
     assert found == []
 
 
-def test_the_gpu_kit_imports_without_the_notebook_engine():
-    """A GPU machine without network has torch and transformers, not papermill or nbformat."""
-    code = ("import sys; sys.modules.update(papermill=None, nbformat=None); import lpes_nb.operations.gpu_kit, lpes_nb.operations.carry; "
-            "print(sorted(m for m in ('papermill', 'nbformat') if sys.modules[m] is not None))")
+def _fresh(code: str) -> str:
+    """What ``code`` prints in a fresh Python process (imports there start from nothing)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    return out.stdout.strip()
+
+
+def test_the_gpu_kit_imports_without_the_notebook_engine():
+    """A GPU machine without network has torch and transformers, not papermill or nbformat."""
+    assert _fresh("import sys; sys.modules.update(papermill=None, nbformat=None); import lpes_nb.operations.gpu_kit, "
+                  "lpes_nb.operations.carry; print(sorted(m for m in ('papermill', 'nbformat') if sys.modules[m] is not None))") == "[]"
 
 
 def test_the_core_imports_only_torch_numpy_and_transformers():
     """`import lpes_nb.core` in a fresh process: the method, and none of the notebooks' machinery."""
-    code = ("import sys; import lpes_nb.core; from lpes_nb.core import bezier, ga, interventions, methods, rope; "
-            "print(sorted(m for m in ('pandas', 'matplotlib', 'seaborn', 'ipywidgets', 'papermill', 'statsmodels') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert _fresh("import sys; import lpes_nb.core; from lpes_nb.core import bezier, ga, interventions, methods, rope; "
+                  "print(sorted(m for m in ('pandas', 'matplotlib', 'seaborn', 'ipywidgets', 'papermill', 'statsmodels') "
+                  "if m in sys.modules))") == "[]"
 
 
 def test_the_top_level_hands_on_the_public_api_without_loading_torch_at_import():
-    code = ("import sys, lpes_nb; light = 'torch' not in sys.modules; "
-            "print(light, all(getattr(lpes_nb, n).__name__ == n for n in lpes_nb.PUBLIC), 'apply' in dir(lpes_nb))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "True", "True"]
+    assert _fresh("import sys, lpes_nb; light = 'torch' not in sys.modules; print(light, all(getattr(lpes_nb, n).__name__ == n "
+                  "for n in lpes_nb.PUBLIC), 'apply' in dir(lpes_nb))").split() == ["True", "True", "True"]
