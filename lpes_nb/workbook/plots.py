@@ -85,7 +85,7 @@ def save(fig, name: str, profile: str, stamp: str) -> None:
         fig.suptitle(f"{reason.capitalize()}: {title}" if title else reason.capitalize())
     width, height = fig.get_size_inches()
     column = min(COLUMNS_IN, key=lambda c: abs(c - width))
-    lines = textwrap.wrap(stamp, width=int(column * 20))  # about 20 characters of 7-point text per inch
+    lines = textwrap.wrap(stamp, width=int(column * 20))  # 7-point text: about 20 characters per inch (as drawn here)
     fig.set_size_inches(column, height + STAMP_IN * len(lines))
     # the stamp gets its own strip at the bottom; the layout engine fits the panels above it
     if fig.get_layout_engine() is None:  # a figure drawn outside the workbook's style
