@@ -14,6 +14,7 @@ COMMANDS = {
     "lpes-at-power": ("studies.lpes_at_power", "notebook 10's steps: search, validate, test, in the background over sittings"),
     "fitness-proxy": ("studies.fitness_proxy", "whether a cheaper fitness ranks candidates as the real one does"),
     "throughput": ("operations.throughput", "this CPU's speed and what shared prefixes save; --record-cost for a larger model"),
+    "bench": ("operations.bench", "standalone timings: latency, rope-overhead, evaluator, ray (results/)"),
     "costs": ("operations.costs", "cost plans: dry-run, memory, table, plan, larger-plan"),
     "gpu-kit": ("operations.gpu_kit", "what to run first on a lent GPU (OUT folder, --dry, --steps)"),
     "carry": ("operations.carry", "pack / verify / unpack files in checksummed parts for a machine without network"),

@@ -39,3 +39,12 @@ def test_python_dash_m_is_the_same_command_and_the_modules_have_no_second_entry(
     assert done.returncode == 0 and '"bf16_gemm"' in done.stdout, done.stderr[-2000:]
     mains = [p.name for p in (ROOT / "lpes_nb").rglob("*.py") if p.name != "__main__.py" and "__main__" in p.read_text()]
     assert mains == []  # one way to run each thing: `lpes <command>`
+
+
+@pytest.mark.parametrize("bench", ["latency", "rope-overhead", "evaluator", "ray"])
+def test_each_bench_has_its_own_help(bench, capsys):
+    """The timings that were scripts are `lpes bench NAME` (one way to run each thing)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", bench, "--help"])
+    assert exit_.value.code == 0 and f"lpes bench {bench}" in capsys.readouterr().out
+    assert not list((ROOT / "scripts").glob("bench_*.py"))
