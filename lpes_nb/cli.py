@@ -16,7 +16,7 @@ COMMANDS = {
     "throughput": ("operations.throughput", "this CPU's speed and what shared prefixes save; --record-cost for a larger model"),
     "bench": ("operations.bench", "standalone timings: latency, rope-overhead, evaluator, ray (results/)"),
     "costs": ("operations.costs", "cost plans: dry-run, memory, table, plan, larger-plan"),
-    "gpu-kit": ("operations.gpu_kit", "what to run first on a lent GPU (OUT folder, --dry, --steps)"),
+    "gpu-kit": ("operations.gpu_kit", "what to run first on a lent GPU (--out DIR, --dry, --steps)"),
     "carry": ("operations.carry", "pack / verify / unpack files in checksummed parts for a machine without network"),
     "models": ("store.models", "convert the embedded models to the cache (--prepare NAME ...)"),
     "apply": ("store.stored_curve", "generate with a stored curve on a model (--transfer to move it to another depth)"),

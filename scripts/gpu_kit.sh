@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU kit (lpes_nb/operations/gpu_kit.py): bash scripts/gpu_kit.sh OUT [--dry] [--steps STEP ...] [--budget-s S]
+# The GPU kit (lpes_nb/operations/gpu_kit.py): bash scripts/gpu_kit.sh --out DIR [--dry] [--steps STEP ...] [--budget-s S]
 # Here and in CI: the project's .venv (created on first use). On a GPU machine without network: a
 # python that has torch and transformers (LPES_KIT_PYTHON, else python3), the package from this checkout.
 set -euo pipefail

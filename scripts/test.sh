@@ -31,6 +31,6 @@ lpes run --profile smoke --out "$LPES_OUTPUT_ROOT/runs"
 # 3. The GPU kit dry on tiny random models (carry, parity, latency, GA throughput, and as its regime
 #    step the `gpu` profile's notebook 9 under `gpu-dry`); the acceptance is under two minutes
 start=$SECONDS
-bash scripts/gpu_kit.sh "$LPES_OUTPUT_ROOT/gpu_kit" --dry
+bash scripts/gpu_kit.sh --out "$LPES_OUTPUT_ROOT/gpu_kit" --dry
 echo "[test] gpu_kit --dry took $((SECONDS - start)) s" >&2
 exec python -m pytest tests -p no:cacheprovider "$@"

@@ -96,9 +96,9 @@ def test_timings_name_the_attention_kernel_they_measured(monkeypatch):
 def test_the_carry_step_packs_only_the_weights_asked_for(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setitem(gpu_kit.RUNNERS, "carry", lambda out, plan, dry: seen.append(plan.carry_models) or {})
-    gpu_kit.main([str(tmp_path / "a"), "--dry", "--steps", "carry", "--carry-models"])
-    gpu_kit.main([str(tmp_path / "b"), "--dry", "--steps", "carry", "--carry-models", "smollm2-135m"])
-    gpu_kit.main([str(tmp_path / "c"), "--dry", "--steps", "carry"])
+    gpu_kit.main(["--out", str(tmp_path / "a"), "--dry", "--steps", "carry", "--carry-models"])
+    gpu_kit.main(["--out", str(tmp_path / "b"), "--dry", "--steps", "carry", "--carry-models", "smollm2-135m"])
+    gpu_kit.main(["--out", str(tmp_path / "c"), "--dry", "--steps", "carry"])
     assert seen == [(), ("smollm2-135m",), DRY.carry_models]
 
 
@@ -106,8 +106,8 @@ def test_the_carry_step_packs_only_the_weights_asked_for(tmp_path, monkeypatch):
 def test_the_ga_step_runs_at_the_batch_asked_for(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setitem(gpu_kit.RUNNERS, "ga", lambda out, plan, dry: seen.append(plan.ga_batch_size) or {})
-    gpu_kit.main([str(tmp_path / "a"), "--dry", "--steps", "ga", "--ga-batch-size", "3"])
-    gpu_kit.main([str(tmp_path / "b"), "--dry", "--steps", "ga"])
+    gpu_kit.main(["--out", str(tmp_path / "a"), "--dry", "--steps", "ga", "--ga-batch-size", "3"])
+    gpu_kit.main(["--out", str(tmp_path / "b"), "--dry", "--steps", "ga"])
     assert seen == [3, DRY.ga_batch_size]
     assert json.loads((tmp_path / "a" / "ga.json").read_text())["plan"]["ga_batch_size"] == 3
     with pytest.raises(ValueError, match="ga_batch_size must be an integer >= 1, got 0"):

@@ -1,6 +1,6 @@
 """The GPU kit: what a researcher runs first on a CUDA machine, as one prepared, resumable command.
 
-``bash scripts/gpu_kit.sh OUT [--dry] [--steps ...] [--budget-s S]`` (``lpes gpu-kit``).
+``bash scripts/gpu_kit.sh --out DIR [--dry] [--steps ...] [--budget-s S]`` (``lpes gpu-kit``).
 Every step writes ``OUT/<step>.json`` when it has finished and is skipped when that file exists, so
 a kit cut off by a call's time limit resumes where it stopped:
 
@@ -521,7 +521,7 @@ def run_kit(out: Path | str, dry: bool = False, steps=STEPS, budget_s: float | N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lpes gpu-kit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="output folder (the kit resumes from what it holds)")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (the kit resumes from what it holds)")
     parser.add_argument("--dry", action="store_true", help="every step on the CPU with tiny random models (< 2 min)")
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting steps after this many seconds")
