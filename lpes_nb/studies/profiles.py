@@ -471,8 +471,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=10, n=200),
                                                # ~2.2 min per record on 2 AMD EPYC cores with AVX512-BF16 (5.1k tokens
                                                # x 5 positions, 100 new tokens)
-                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=100, task="kv",
-                                                          gold_withdrawn=True),
+                                               # re-scored under the answer forms (lpes map --rescore): gold columns read
+                                               RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=100, task="kv"),
                                                # ~5 min per record there (9.5k tokens x 5 positions, continuations in
                                                # 512-token pieces)
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=60, task="kv",
