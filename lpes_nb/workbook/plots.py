@@ -81,7 +81,7 @@ def save(fig, name: str, profile: str, stamp: str) -> None:
         raise ValueError(f"figure {name!r}: a stamp naming model, quantisation, dtype and n is required, got {stamp!r}")
     if stamp.startswith(EXPLORATORY):
         reason = stamp.split(" · ")[0]
-        title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        title = fig.get_suptitle()
         fig.suptitle(f"{reason.capitalize()}: {title}" if title else reason.capitalize())
     width, height = fig.get_size_inches()
     column = min(COLUMNS_IN, key=lambda c: abs(c - width))
