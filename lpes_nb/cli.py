@@ -20,7 +20,7 @@ COMMANDS = {
     "carry": ("operations.carry", "pack / verify / unpack files in checksummed parts for a machine without network"),
     "models": ("store.models", "convert the embedded models to the cache (--prepare NAME ...)"),
     "apply": ("store.stored_curve", "generate with a stored curve on a model (--transfer to move it to another depth)"),
-    "claims": ("studies.claims", "write the claims ledger, results/claims.csv, from the stored tables"),
+    "claims": ("workbook.pages", "write the claims ledger, results/claims.csv, and the README's and docs' generated tables"),
     "store": ("store.results", "store maintenance: re-key stored results whose key format changed (migrate DIR)"),
     "doctor": ("system.bf16_gemm", "what this machine decided: the CPU, whether bf16 is safe, the bf16 GEMM path"),
 }

@@ -85,9 +85,8 @@ def test_a_verdict_outside_the_vocabulary_is_refused():
         claims._row(claim="x", verdict="better")
 
 
-def test_the_readme_findings_table_is_the_ledger(committed, tmp_path):
+def test_the_readme_findings_table_is_the_ledger(committed):
     text = (RESULTS.parent / "README.md").read_text()
-    assert text.index(claims.FINDINGS[0]) < 1500  # on the first screen, after the three-line introduction
-    copy = tmp_path / "README.md"
-    copy.write_text(text)
-    assert claims.update_readme(committed, copy).read_text() == text  # regenerating it changes nothing
+    assert text.index("<!-- generated: findings") < 1500  # on the first screen, after the three-line introduction
+    table = claims.findings_table(committed)
+    assert table in text and table.count("\n") >= 10

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lpes_nb.operations.cost_model import VICUNA_7B, Gpu, Shape
 from lpes_nb.operations.costs import MEMORY_OPERATIONS, cost_table, memory_fit, work_units
 from lpes_nb.store.models import tiny_config
-from lpes_nb.store.results import cached_table
+from lpes_nb.store.results import cached_table, project_root
 from lpes_nb.studies.profiles import PROFILES
 from lpes_nb.system import footprint
 
@@ -121,6 +121,13 @@ def test_memory_fit_extrapolates_the_measured_line_to_the_big_width():
     flat = measured.assign(activation_mib=2500 - measured.width)  # noise around a width-independent peak
     unresolved = memory_fit(flat, VICUNA_7B)
     assert not unresolved.slope_resolved.any() and unresolved.peak_7b_gib.isna().all()  # no extrapolation from noise
+
+
+def test_the_committed_memory_line_is_the_fit_of_the_committed_measurements():
+    """docs/gpu.md shows `paper_memory_fit.csv`; `lpes costs memory` writes it beside its measurements."""
+    costs_dir = project_root() / "results" / "costs"
+    fit = memory_fit(pd.read_csv(costs_dir / "paper_memory_scaling.csv"))
+    assert fit.to_csv(index=False) == (costs_dir / "paper_memory_fit.csv").read_text()
 
 
 def test_cost_model_refuses_a_study_it_has_no_units_for():

@@ -1,5 +1,5 @@
-"""The README and docs/ are a tested contract: every fenced code block in them runs as written, and the
-README holds no measured number typed by hand. Every command is one of the two scripts or an `lpes`
+"""The README and docs/ are a tested contract: every fenced code block in them runs as written, and no
+page holds a measured number typed by hand. Every command is one of the two scripts or an `lpes`
 command.
 
 Python blocks are executed in a fresh namespace each (from the repository root, on the embedded model
@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from lpes_nb.workbook import pages
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -123,12 +125,42 @@ def test_typed_numbers_finds_measurements_and_spares_settings():
     assert typed_numbers("Wilson 95 % intervals, 80 % power, `scale 1.5`, θ = 10⁶, 20 documents, Sec. 4.2, Eq. 12–13") == []
 
 
-def test_no_measured_number_is_typed_into_the_readme():
-    """The README's numbers are the generated findings table (kept equal to results/claims.csv by
-    tests/test_claims.py); its prose holds none."""
-    text = README.read_text()
-    prose = text[:text.index("<!-- findings:")] + text[text.index("<!-- /findings -->"):]
-    assert typed_numbers(prose) == []
+def test_no_measured_number_is_typed_into_the_readme_or_docs():
+    """The pages' numbers are generated blocks, written from the stored files by `lpes claims`
+    (lpes_nb.workbook.pages); their prose holds none. docs/findings.md quotes the notebooks and is
+    held to a stricter rule below: every number it quotes is one a published notebook prints."""
+    found = {}
+    for path in PAGES:
+        if path.name != "findings.md":
+            numbers = typed_numbers(pages.prose(path.read_text()))
+            if numbers:
+                found[path.name] = numbers[:8]
+    assert found == {}
+
+
+def test_every_generated_block_is_what_the_store_gives():
+    """A stored file that moved without `lpes claims`, or a block edited by hand, fails here."""
+    assert {str(p.relative_to(ROOT)) for p in PAGES if "<!-- generated:" in p.read_text()} <= set(pages.PAGES)
+    blocks = 0
+    for name in pages.PAGES:
+        text = (ROOT / name).read_text()
+        assert pages.render(text, ROOT / "results") == text, f"{name}: a generated block differs from the store"
+        blocks += text.count("<!-- generated:")
+    assert blocks >= 15
+
+
+def test_a_generated_block_follows_its_source(tmp_path):
+    """Change a stored number and the block's text changes with it; an unknown block is refused."""
+    page = "<!-- generated: bench ray (x) -->\nstale\n<!-- /generated -->\n"
+    shutil.copy(ROOT / "results" / "ray_scaling.json", tmp_path / "ray_scaling.json")
+    before = pages.render(page, tmp_path)
+    assert "stale" not in before and "44.6" in before
+    ray = json.loads((tmp_path / "ray_scaling.json").read_text())
+    ray["ga_seconds"]["2"] = 51.5
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(ray))
+    assert "51.5" in pages.render(before, tmp_path) and "44.6" not in pages.render(before, tmp_path)
+    with pytest.raises(ValueError, match="'nonsense' is unknown"):
+        pages.render("<!-- generated: nonsense -->\n<!-- /generated -->", tmp_path)
 
 
 def test_no_measured_number_is_typed_into_a_notebook():

@@ -57,6 +57,7 @@ FOOTPRINT_FILE = "paper_dry_footprint.jsonl"
 NOTEBOOKS_FILE = "paper_dry_notebooks.json"
 TABLE_FILE = "paper_cost_model.csv"
 MEMORY_FILE = "paper_memory_scaling.csv"
+MEMORY_FIT_FILE = "paper_memory_fit.csv"  # memory_fit of MEMORY_FILE, for docs/gpu.md
 
 
 def shape_of(model: str) -> Shape:
@@ -393,7 +394,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "memory":
         measured = memory_scaling()
         write_csv(project_root() / COSTS_DIR / MEMORY_FILE, measured)
-        print(memory_fit(measured).to_string(index=False))
+        fit = write_csv(project_root() / COSTS_DIR / MEMORY_FIT_FILE, memory_fit(measured))
+        print(pd.read_csv(fit).to_string(index=False))
         return
     if args.command == "larger-plan":
         cost = json.loads((project_root() / "results" / "bench" / "record_cost.json").read_text())[-1]

@@ -10,7 +10,6 @@ row from its source and keeps the README's findings table equal to the ledger.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -359,22 +358,3 @@ def findings_table(table: pd.DataFrame) -> str:
             ours = f"{_signed(r.ours, d)} [{_signed(r.ci_low, d)}, {_signed(r.ci_high, d)}] {r.unit}, n = {int(r.n)}"
         lines.append(f"| {r.claim} | {r.paper}, {r.where} | {r.paper_value or '—'} | {ours} | {r.verdict} |")  # '—': no figure
     return "\n".join(lines)
-
-
-FINDINGS = ("<!-- findings:", "<!-- /findings -->")  # the README's generated block
-
-
-def update_readme(table: pd.DataFrame, readme: Path | None = None) -> Path:
-    """Rewrite the README's findings block (between :data:`FINDINGS`) from the ledger ``table``."""
-    readme = readme or project_root() / "README.md"
-    text = readme.read_text()
-    start, end = text.index("\n", text.index(FINDINGS[0])) + 1, text.index(FINDINGS[1])
-    readme.write_text(text[:start] + findings_table(table) + "\n" + text[end:])
-    return readme
-
-
-def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(prog="lpes claims", description="Write results/claims.csv from the stored tables and the "
-                                                            "README's findings table from it.").parse_args(argv)
-    path = write()
-    print(f"[claims] wrote {path} and the findings of {update_readme(read(path))}")

@@ -19,9 +19,9 @@ import nbformat
 import papermill
 
 from ..store.results import PUBLISHED_PROFILE
-from ..studies import claims
 from ..studies.profiles import PROFILES
 from ..system.footprint import NOTEBOOK_ENV
+from . import pages
 
 
 def discover(notebook_dir: Path) -> list[Path]:
@@ -148,6 +148,6 @@ def main(argv: list[str] | None = None) -> None:
             shutil.copyfile(out_dir / t["notebook"], args.notebooks / t["notebook"])
             clean_for_publish(args.notebooks / t["notebook"])
         if args.profile == PUBLISHED_PROFILE:  # the ledger reads the tables the published run just stored
-            claims.main([])
+            pages.main([])
     total = sum(t["seconds"] for t in timings)
     print(f"[run] all {len(timings)} notebooks done in {total:.0f} s; executed copies in {out_dir}/", flush=True)
