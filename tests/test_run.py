@@ -65,3 +65,31 @@ def test_no_committed_notebook_holds_a_progress_bar():
              for cell in nbformat.read(path, as_version=4).cells for out in cell.get("outputs", [])
              for text in [str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))] if PROGRESS_BAR.search(text)]
     assert found == []
+
+
+def test_a_long_table_is_shown_as_its_head_with_where_the_whole_lives(capsys):
+    import pandas as pd
+
+    from lpes_nb.workbook.notebook import head
+
+    table = pd.DataFrame({"x": range(30)})
+    shown = head(table, "results/x.csv", rows=12)
+    assert shown.equals(table.head(12)) and capsys.readouterr().out.strip() == "the first 12 of 30 rows; the whole table: results/x.csv"
+    assert head(table.head(5), "results/x.csv").equals(table.head(5)) and capsys.readouterr().out == ""  # short: whole, no note
+
+
+def test_no_committed_notebook_output_is_a_long_table():
+    """Committed outputs stay readable on a code host: no displayed table of more than 40 rows (a per-layer table of a 30-layer model fits)
+    (``notebook.head`` shows a longer one's head and names its file)."""
+    import json
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    long = []
+    for path in sorted(root.glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                html = "".join(out.get("data", {}).get("text/html", ""))
+                rows = html.split("<tbody>")[1].count("<tr") if "<tbody>" in html else 0
+                if rows > 40:
+                    long.append(f"{path.stem} cell {i}: {rows} rows")
+    assert long == []
