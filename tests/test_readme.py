@@ -159,6 +159,9 @@ def test_a_generated_block_follows_its_source(tmp_path):
     ray["ga_seconds"]["2"] = 51.5
     (tmp_path / "ray_scaling.json").write_text(json.dumps(ray))
     assert "51.5" in pages.render(before, tmp_path) and "44.6" not in pages.render(before, tmp_path)
+    import pandas as pd
+
+    assert pages.markdown(pd.DataFrame({"what": ["mean |Δ|"], "n": [3]})) == "| what | n |\n|---|---|\n| mean \\|Δ\\| | 3 |"
     with pytest.raises(ValueError, match="'nonsense' is unknown"):
         pages.render("<!-- generated: nonsense -->\n<!-- /generated -->", tmp_path)
 

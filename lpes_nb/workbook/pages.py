@@ -27,6 +27,7 @@ from typing import Callable
 
 import pandas as pd
 
+from ..store.models import model_label
 from ..store.results import output_dir, project_root
 from ..studies import claims
 
@@ -36,18 +37,13 @@ PAGES = ("README.md", *(f"docs/{name}" for name in ("hardware.md", "gpu.md", "me
 
 def markdown(frame: pd.DataFrame) -> str:
     """A DataFrame as a Markdown table, its cells as they are (format them before)."""
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
+    def cells(values) -> str:
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"  # a bar inside a cell ends it
+    return "\n".join([cells(frame.columns), "|" + "---|" * len(frame.columns), *map(cells, frame.itertuples(index=False))])
 
 
 def _json(results: Path, name: str) -> dict:
     return json.loads((results / name).read_text())
-
-
-def _model(name: str) -> str:
-    return {"smollm2-135m": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B",
-            "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B"}.get(name, name)
 
 
 def findings(results: Path, _: str | None) -> str:
@@ -60,17 +56,17 @@ def throughput(results: Path, part: str | None) -> str:
     if part == "forwards":
         peak = d["gemm_gflops"]
         rows = pd.DataFrame(d["forward"])
-        rows = rows.assign(model=rows.model.map(_model), seconds=rows.seconds.map("{:.2f}".format),
+        rows = rows.assign(model=rows.model.map(model_label), seconds=rows.seconds.map("{:.2f}".format),
                            percent_of_gemm_peak=rows.percent_of_gemm_peak.map("{:.0f} %".format))
         table = markdown(rows[["model", "dtype", "tokens", "seconds", "percent_of_gemm_peak"]]
                          .rename(columns={"percent_of_gemm_peak": "% of the dtype's GEMM peak"}))
         ops = ", ".join(f"{o['op'].removeprefix('aten::')} {o['share']:.0%}" for o in d["profile"]["ops"][:3])
         return (f"{d['cpu']['cpu']}, {d['torch_threads']} threads. GEMM peak: float32 {peak['float32']:.0f} GFLOP/s, "
                 f"bf16 {peak['bfloat16']:.0f} GFLOP/s. One forward, the last token's logits:\n\n{table}\n\n"
-                f"Where a {_model(d['profile']['model'])} {d['profile']['dtype']} forward of {d['profile']['tokens']} "
+                f"Where a {model_label(d['profile']['model'])} {d['profile']['dtype']} forward of {d['profile']['tokens']} "
                 f"tokens spends its time (torch.profiler): {ops}.")
     rows = pd.DataFrame(d["sweeps"])
-    rows = rows.assign(model=rows.model.map(_model), pieces=rows.get("pieces", pd.Series(dtype=object)).map(
+    rows = rows.assign(model=rows.model.map(model_label), pieces=rows.get("pieces", pd.Series(dtype=object)).map(
         lambda p: "one pass" if pd.isna(p) else f"{int(p)}-token pieces"),
         plain_s=rows.plain_s.map("{:.1f}".format), shared_s=rows.shared_s.map("{:.1f}".format),
         time_ratio=rows.time_ratio.map("**{:.2f}×**".format), token_ratio=rows.token_ratio.map("{:.2f}".format),
@@ -106,7 +102,7 @@ def notebook9_plan(results: Path, _: str | None) -> str:
     plan = plan.assign(stage=plan.stage.str.split(":").str[0] + " (" + plan.task + ")")
     total = plan.groupby(["model", "stage"], sort=False).agg(prompts=("prompts", "sum"), longest=("prompt_tokens", "max"),
                                                              pflop=("pflop", "sum"), hours=("gpu_hours", "sum")).reset_index()
-    total = total.assign(model=total.model.map(_model), prompts=total.prompts.map("{:,}".format),
+    total = total.assign(model=total.model.map(model_label), prompts=total.prompts.map("{:,}".format),
                          pflop=total.pflop.map("{:,.1f}".format), hours=total.hours.map("{:.2f}".format))
     return markdown(total.rename(columns={"longest": "longest prompt (tokens)", "pflop": "PFLOP", "hours": "H100 hours"}))
 
@@ -183,13 +179,13 @@ def bench(results: Path, name: str | None) -> str:
         d = _json(results, "rope_overhead.json")
         rows = [{"tokens": n, "unpatched s": f"{v['median_s_unpatched']:.2f}", "patched s": f"{v['median_s_patched']:.2f}",
                  "patched / unpatched (median of rounds)": f"{v['median_ratio']:.3f}×"} for n, v in d["by_length"].items()]
-        return f"{_model(d['model'])}, {d['dtype']}, {d['threads']} threads, {d['rounds']} rounds:\n\n" + markdown(pd.DataFrame(rows))
+        return f"{model_label(d['model'])}, {d['dtype']}, {d['threads']} threads, {d['rounds']} rounds:\n\n" + markdown(pd.DataFrame(rows))
     if name == "evaluator":
         d = _json(results, "evaluator_speed_float32.json")
         rows = [{"path": "single-forward scorer", "s": d["scorer_s"], "scorer's speed-up": "—"},
                 {"path": "generate, the answer's length", "s": d["naive_answer_length_s"], "scorer's speed-up": f"{d['speedup_vs_answer_length']:.1f}×"},
                 {"path": "generate, 8 tokens", "s": d["naive_8_tokens_s"], "scorer's speed-up": f"{d['speedup_vs_8_tokens']:.1f}×"}]
-        return (f"{_model(d['model'])}, {d['dtype']}, {d['threads']} threads, {d['samples']} prompts of {d['task']} "
+        return (f"{model_label(d['model'])}, {d['dtype']}, {d['threads']} threads, {d['samples']} prompts of {d['task']} "
                 f"({d['mean_prompt_tokens']:.0f} tokens on average); the same correctness on {d['agreement']}:\n\n"
                 + markdown(pd.DataFrame(rows)))
     d = _json(results, "ray_scaling.json")
