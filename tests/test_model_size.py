@@ -10,21 +10,25 @@ import pytest
 from lpes_nb.store import models
 from lpes_nb.store.models import QWEN, QWEN_15B
 from lpes_nb.studies import model_size, position_map
+from lpes_nb.studies.lpes_at_power import SHORT
 from lpes_nb.studies.profiles import PROFILES, PositionMap, RecordCell
 
 POSITIONS = (0, 5, 10, 14, 19)
 
 
-def record_frame(middle_rate: float, records, seed: int, logprob: bool = True) -> pd.DataFrame:
-    """A record cell's rows (MDQA-20 at the map's positions, plus closed-book and oracle)."""
+def record_frame(middle_rate: float, records, seed: int, logprob: bool = True, filler: int = 0) -> pd.DataFrame:
+    """A record cell's rows (MDQA-20 at the map's positions, plus closed-book and oracle); a right answer
+    is the record's gold answer after ``filler`` words on its first line, a wrong one a short guess."""
     rng = np.random.default_rng(seed)
+    answers = [r["answers"][0] for r in position_map.load_records("mdqa", 20)]
     rows = []
     for r in records:
         for p in POSITIONS:
             good = rng.random() < (0.8 if p in (0, 19) else middle_rate)
             rows.append({"sample": r, "condition": "documents", "position": p, "num_items": 20, "correct": float(good),
+                         "prediction": " ".join(["maybe"] * filler + [answers[r]]) if good else "nobody knows",
                          "gold_logprob": (-0.5 if good else -3.0) if logprob else np.nan, "truncated": False})
-        rows += [{"sample": r, "condition": c, "position": -1, "num_items": 20, "correct": 1.0,
+        rows += [{"sample": r, "condition": c, "position": -1, "num_items": 20, "correct": 1.0, "prediction": answers[r],
                   "gold_logprob": -0.5 if logprob else np.nan, "truncated": False} for c in ("closed_book", "oracle")]
     return pd.DataFrame(rows).assign(dtype="bfloat16")
 
@@ -37,9 +41,12 @@ def spec_and_records(small: pd.DataFrame, large: pd.DataFrame) -> tuple[Position
 
 def test_the_larger_model_is_compared_on_its_records_per_score_and_the_table_is_written(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
-    spec, records = spec_and_records(record_frame(0.2, range(200), 0), record_frame(0.8, range(60), 1))
+    spec, records = spec_and_records(record_frame(0.2, range(200), 0), record_frame(0.8, range(60), 1, filler=12))
     table = model_size.size_table(spec, records, "smoke")
-    assert set(table.value) == {"correct", "gold_logprob"} and (table.n == 60).all()
+    assert set(table.value) == {"correct", SHORT, "gold_logprob"} and (table.n == 60).all()
+    # the 1.5B's right answers start after 12 words: on the first 10 it is right nowhere, so lower everywhere
+    within = table[(table.value == SHORT) & (table.position == "average")].iloc[0]
+    assert within.method_mean == 0 and within.verdict == "lower"
     assert set(table.method) == {QWEN_15B} and set(table.reference) == {QWEN}
     shape = table[(table.value == "correct") & (table.position == "ends − middle")].iloc[0]
     assert shape.ci_high < 0 and shape.verdict == "lower"  # the 1.5B has no dip where the 0.5B has one
@@ -53,7 +60,7 @@ def test_the_larger_model_is_compared_on_its_records_per_score_and_the_table_is_
 def test_a_withdrawn_gold_score_is_compared_on_accuracy_only_and_one_model_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
     spec, records = spec_and_records(record_frame(0.5, range(40), 0, logprob=False), record_frame(0.5, range(40), 1))
-    assert set(model_size.size_table(spec, records, "smoke").value) == {"correct"}
+    assert set(model_size.size_table(spec, records, "smoke").value) == {"correct", SHORT}
     alone = replace(spec, record_cells=spec.record_cells[:1])
     with pytest.raises(ValueError, match="no record cell is held by two models"):
         model_size.size_table(alone, records, "smoke")

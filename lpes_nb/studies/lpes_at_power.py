@@ -318,10 +318,12 @@ def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[s
     return {name: positional_rows(cell(name, ids[:sizes[name]], False)) for name in methods}
 
 
-def with_short_answers(cells: dict[str, pd.DataFrame], words: int = SHORT_WORDS, data_dir=None) -> dict[str, pd.DataFrame]:
+def with_short_answers(cells: dict[str, pd.DataFrame], words: int = SHORT_WORDS, data_dir=None,
+                       items: int = splits.FILES[DATASET][1]) -> dict[str, pd.DataFrame]:
     """Each cell with ``correct_first{words}``: its answers judged on the first ``words`` words of their
-    first line (:func:`lpes_nb.evaluation.metrics.mdqa_correct_within`) against the record's gold answers."""
-    answers = [r["answers"] for r in load_records("mdqa", splits.FILES[DATASET][1], data_dir)]
+    first line (:func:`lpes_nb.evaluation.metrics.mdqa_correct_within`) against the gold answers of the
+    record of the ``items``-document MDQA file."""
+    answers = [r["answers"] for r in load_records("mdqa", items, data_dir)]
     return {name: cell.assign(**{f"correct_first{words}": [mdqa_correct_within(p, answers[r], words)
                                                           for p, r in zip(cell["prediction"], cell["sample"])]})
             for name, cell in cells.items()}

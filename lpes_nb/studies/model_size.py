@@ -12,11 +12,15 @@ import pandas as pd
 from ..evaluation.position_gate import size_differences, verdict_word
 from ..store.models import QWEN, QWEN_15B
 from ..store.results import output_dir, write_csv
+from .lpes_at_power import SHORT, SHORT_WORDS, with_short_answers
 from .position_map import positional_rows, record_summary
 from .profiles import PositionMap
 
 FAMILY = (QWEN, QWEN_15B)  # smallest first
-SCORES = {"correct": ("accuracy", 100.0, "points"), "gold_logprob": ("gold log-prob", 1.0, "nats")}
+# accuracy as the original evaluation judges it (the whole first line), the length check (MDQA: the first
+# SHORT_WORDS words: a larger model that writes longer first lines gains from length alone), the gold log-prob
+SCORES = {"correct": ("accuracy", 100.0, "points"), SHORT: (f"accuracy, first {SHORT_WORDS} words", 100.0, "points"),
+          "gold_logprob": ("gold log-prob", 1.0, "nats")}
 
 
 def size_cells(spec: PositionMap, records: dict[str, pd.DataFrame]) -> dict[tuple[str, str, int], dict[str, pd.DataFrame]]:
@@ -32,15 +36,18 @@ def size_cells(spec: PositionMap, records: dict[str, pd.DataFrame]) -> dict[tupl
 
 def size_table(spec: PositionMap, records: dict[str, pd.DataFrame], profile: str) -> pd.DataFrame:
     """Each larger model against the next smaller one, on the larger model's records, per shared cell
-    and score (accuracy; the gold log-prob where both cells have it), written to
-    ``position_size_differences.csv``."""
+    and score (:data:`SCORES`: accuracy; on MDQA the length check; the gold log-prob where both cells
+    have it), written to ``position_size_differences.csv``."""
     frames = []
     for (dtype, task, items), cells in size_cells(spec, records).items():
         models = list(cells)
         pairs = list(zip(models[1:], models[:-1]))
+        if task == "mdqa":
+            cells = with_short_answers(cells, items=items)
         for value in SCORES:
-            if value == "gold_logprob" and not all(df[value].notna().all() for df in cells.values()):
-                continue  # a cell whose gold scores are withdrawn is compared on accuracy only
+            if value not in next(iter(cells.values())) or (value == "gold_logprob"
+                                                             and not all(df[value].notna().all() for df in cells.values())):
+                continue  # KV has no length check; a cell whose gold scores are withdrawn is compared on accuracy only
             frames.append(size_differences(cells, pairs, value).assign(cell=f"{task}-{items}", dtype=dtype))
     if not frames:
         raise ValueError(f"no record cell is held by two models of {FAMILY}; the profile's cells: "

@@ -353,13 +353,14 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     return fig
 
 
-def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame, title: str,
-                papers: pd.DataFrame | None = None):
+def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame, scores: Mapping[str, tuple[str, float, str]],
+                title: str, papers: pd.DataFrame | None = None):
     """Model size on one record cell: (a) accuracy (%) by relative gold position of each model on the
     same records, Wilson 95 % intervals, the papers' curves beside (``papers``: rows of
     ``position_map.paper_curves``); then per score in ``differences`` (rows of
-    ``position_gate.size_differences`` with a ``value`` column) the larger − smaller difference at each
-    position, on the average and on ends − middle, with its record-clustered 95 % interval."""
+    ``position_gate.size_differences`` with a ``value`` column; ``scores``: value -> (name, scale,
+    unit)) the larger − smaller difference at each position, on the average and on ends − middle, with
+    its record-clustered 95 % interval."""
     values = list(dict.fromkeys(differences["value"]))
     fig, axes = plt.subplots(1, 1 + len(values), figsize=(6.9, 3.6), gridspec_kw={"width_ratios": [1.5] + [1] * len(values)})
     short = {m: model_label(m).split("-Instruct")[0].removeprefix("Qwen2.5-Coder-") for m in summaries}
@@ -376,24 +377,23 @@ def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=7)  # below: the curves use the height
-    pair = differences.iloc[0]
     for a, value in zip(axes[1:], values):
         d = differences[differences["value"] == value].reset_index(drop=True)
-        scale, unit, name = (100, "points", "accuracy") if value == "correct" else (1, "nats", "gold log-prob")
+        name, scale, unit = scores[value]
         y = np.arange(len(d))
         a.axvline(0, color="k", lw=0.8)
         a.errorbar(scale * d["difference"], y, xerr=scale * np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
                    fmt="o", capsize=3, color=COLOURS[0])
         a.set_yticks(y, [f"{p:.2f}" if isinstance(p, float) else p for p in d["position"]])
         a.invert_yaxis()
-        a.set_xlabel(f"{name} ({unit})")
-        a.set_title(f"{short.get(pair['method'], pair['method'])} − {short.get(pair['reference'], pair['reference'])}, "
-                    f"n = {int(d['n'].iloc[0])}", fontsize=8)
-    if len(axes) > 1:
-        axes[1].set_ylabel("gold position")
-        for a in axes[2:]:
-            a.tick_params(labelleft=False)
-    fig.suptitle(title)
+        a.set_title(name, fontsize=8)
+        a.set_xlabel(unit)
+    axes[1].set_ylabel("gold position")
+    for a in axes[2:]:
+        a.tick_params(labelleft=False)
+    pair = differences.iloc[0]
+    fig.suptitle(f"{title}: {short.get(pair['method'], pair['method'])} − {short.get(pair['reference'], pair['reference'])} "
+                 f"on the same {int(pair['n'])} records")
     return fig
 
 
