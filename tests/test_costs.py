@@ -147,9 +147,9 @@ def test_embedded_shapes_are_the_converted_configs():
     from transformers import AutoConfig
 
     from lpes_nb.operations.cost_model import SHAPES
-    from lpes_nb.store.models import EMBEDDED, QWEN, ensure_embedded
+    from lpes_nb.store.models import EMBEDDED, QWEN, QWEN_15B, absent, ensure_embedded
 
-    for name in (EMBEDDED, QWEN):
+    for name in (EMBEDDED, QWEN, *(() if absent(QWEN_15B) else (QWEN_15B,))):  # the 1.5B: installed on demand
         assert SHAPES[name] == Shape.of(AutoConfig.from_pretrained(ensure_embedded(name=name))), name
 
 
@@ -297,3 +297,13 @@ def test_the_larger_model_plan_scales_the_measured_records_and_the_small_models_
         larger_model_plan(PROFILES["cpu"], partial, report)
     with pytest.raises(ValueError, match="measured against 'smollm2-135m'"):
         larger_model_plan(PROFILES["cpu"], {**cost, "seconds": {"smollm2-135m": {}, "x": {}}}, report)
+
+
+def test_notebook9_plan_prices_every_record_cell_with_its_controls():
+    from lpes_nb.operations.costs import notebook9_plan
+
+    p = PROFILES["gpu"]
+    cells = notebook9_plan(p).query("stage == 'map: record cells'")
+    assert len(cells) == len(p.position_map.record_cells) and "qwen2.5-coder-1.5b" in set(cells.model)
+    mdqa20 = cells[(cells.model == "qwen2.5-coder-1.5b") & (cells.task == "mdqa-20")].iloc[0]
+    assert mdqa20.prompts == 441 * (5 + 2) and mdqa20.new_tokens == 100  # 5 gold positions, closed-book and oracle

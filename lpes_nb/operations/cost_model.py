@@ -50,6 +50,7 @@ VICUNA_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, head_dim
 SHAPES = {
     "smollm2-135m": Shape(layers=30, hidden=576, intermediate=1536, heads=9, head_dim=64, vocab=49152, kv_heads=3),
     "qwen2.5-coder-0.5b": Shape(layers=24, hidden=896, intermediate=4864, heads=14, head_dim=64, vocab=151936, kv_heads=2),
+    "qwen2.5-coder-1.5b": Shape(layers=28, hidden=1536, intermediate=8960, heads=12, head_dim=128, vocab=151936, kv_heads=2),
     "lmsys/vicuna-7b-v1.5-16k": VICUNA_7B,
     # LPES Table 1's Qwen (its hub config.json: 28 layers, width 3584, MLP 18944, 28 / 4 heads, vocabulary 152064)
     "Qwen/Qwen2.5-7B-Instruct": Shape(layers=28, hidden=3584, intermediate=18944, heads=28, head_dim=128, vocab=152064, kv_heads=4),

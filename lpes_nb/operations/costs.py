@@ -43,7 +43,7 @@ from ..store import splits
 from ..store.models import model_from_config, tiny_config
 from ..store.results import project_root, write_csv, write_json
 from ..studies.benchmarks import METHODS
-from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS
+from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS, record_settings
 from ..studies.profiles import Profile, profile
 from ..studies.regime_search import TRANSFER
 from ..system.footprint import reset_peak_rss, rss_kib
@@ -275,6 +275,10 @@ def notebook9_plan(p: Profile, gpu: Gpu = H100_SMALL_MODELS, regimes: dict[str, 
             if rs.tie_break:  # generate mode's tie-break: one scoring pass per individual
                 add("search: GA tie-break", m.model, task, tokens, evaluations * search_prompts, 0)
             add("search: test", m.model, task, tokens, 3 * test_n * (1 + curves), TASKS[task].answer_tokens)
+    for cell in spec.record_cells:  # the papers' settings record by record: every gold position, MDQA's two controls
+        tokens = cell.items * (MDQA_TOKENS_PER_DOC if cell.task == "mdqa" else KV_TOKENS_PER_PAIR)
+        prompts = cell.n * (len(RELATIVE_POSITIONS) + (2 if cell.task == "mdqa" else 0))
+        add("map: record cells", cell.model, f"{cell.task}-{cell.items}", tokens, prompts, record_settings(cell.task, spec.batch_size).max_new_tokens)
     return pd.DataFrame(rows)
 
 

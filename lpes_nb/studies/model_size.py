@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..evaluation.position_gate import size_differences, verdict_word
-from ..store.models import QWEN, QWEN_15B
+from ..store.models import QWEN, QWEN_15B, model_label
 from ..store.results import output_dir, write_csv
 from .lpes_at_power import SHORT, SHORT_WORDS, with_short_answers
 from .position_map import positional_rows, record_summary
@@ -82,6 +82,7 @@ def size_conclusion(table: pd.DataFrame) -> str:
         deficit = ("deeper in the larger model" if shape.verdict.startswith("higher")
                    else "shallower in the larger model" if shape.verdict.startswith("lower")
                    else "not different between the sizes at this n")
-        lines.append(f"- **{cell}, {name}, {larger} − {smaller}** (n = {n} records, paired): average over positions "
+        pair = f"{model_label(larger, rows['dtype'].iloc[0])} − {model_label(smaller, rows['dtype'].iloc[0])}"
+        lines.append(f"- **{cell.upper()}, {name}**: {pair} (n = {n} records, paired): average over positions "
                      f"{said(rows.loc['average'])}; ends − middle {said(shape)} — the middle deficit is {deficit}.")
     return "\n".join(lines)
