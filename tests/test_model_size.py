@@ -110,3 +110,13 @@ def test_the_recorded_fingerprint_and_window_are_the_installed_models():
     for dtype, weights in spec.fingerprints:
         assert models.model_fingerprint(models.load_model(QWEN_15B, dtype=dtype)) == weights
     assert models.trained_window(QWEN_15B) == spec.window
+
+
+def test_a_record_cells_negative_states_its_mde_in_the_unit_printed_beside_it():
+    cell = RecordCell(QWEN_15B, "bfloat16", items=20, n=40)
+    frame = record_frame(0.8, range(40), 3).assign(prompt_tokens=3000)  # as good in the middle as at the ends: no deficit
+    gated = pd.concat(position_map.record_gates({cell.name: frame}))
+    text = position_map.record_cell_conclusion(cell, frame, gated, 32768)
+    mde = gated[(gated.cell == cell.name) & (gated.value == "correct")].ends_minus_middle_mde.item()
+    assert f"MDE {100 * mde:.2f}, first" in text and f"**no deficit at MDE {100 * mde:.2f}**" in text
+    assert f"no deficit at MDE {mde:.3f}" not in text

@@ -338,11 +338,14 @@ def record_cell_conclusion(cell: RecordCell, frame: pd.DataFrame, deficits: pd.D
         r = gated.loc[value]
         if not np.isfinite(r["ends_minus_middle_mde"]):
             return f"{name}: every record has the same difference at the first, middle and last position → **{r['verdict']}**"
+        verdict = r["verdict"]  # the gate states a negative's MDE as a fraction; here in the unit printed beside it
+        if verdict.startswith("no deficit at MDE"):
+            verdict = f"no deficit at MDE {unit * r['ends_minus_middle_mde']:.2f}"
         return (f"{name}: ends − middle {unit * r['ends_minus_middle']:+.2f} [{unit * r['ends_minus_middle_ci_low']:+.2f}, "
                 f"{unit * r['ends_minus_middle_ci_high']:+.2f}], MDE {unit * r['ends_minus_middle_mde']:.2f}, "
                 f"first − last {unit * r['first_minus_last']:+.2f} [{unit * r['first_minus_last_ci_low']:+.2f}, "
                 f"{unit * r['first_minus_last_ci_high']:+.2f}] (Holm p {r['first_minus_last_p_holm']:.2g}), ends − middle Holm p = "
-                f"{r['p_holm']:.2g} → **{r['verdict']}**")
+                f"{r['p_holm']:.2g} → **{verdict}**")
 
     ours = gated.loc["correct", "verdict"]
     claim = ("reproduced" if ours.startswith("U") else
