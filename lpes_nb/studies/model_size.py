@@ -69,7 +69,8 @@ def size_summaries(cells: dict[str, pd.DataFrame], records: dict[str, pd.DataFra
 def size_conclusion(table: pd.DataFrame) -> str:
     """Per shared cell, score and pair: the average and the ends − middle difference, each with its
     interval, n, MDE and Holm verdict, and what the latter says about the middle deficit."""
-    lines = []
+    lines = ["- Intervals: 95 %, paired and clustered by record, unadjusted; each verdict from the Holm-adjusted test "
+             "(one family per pair and score)."]
     for (cell, value, larger, smaller), rows in table.groupby(["cell", "value", "method", "reference"], sort=False):
         name, scale, unit = SCORES[value]
         rows = rows.set_index("position")
