@@ -53,7 +53,7 @@ def test_the_larger_model_is_compared_on_its_records_per_score_and_the_table_is_
     assert (tmp_path / "results" / "smoke" / "position_size_differences.csv").is_file()
     text = model_size.size_conclusion(table)
     assert "n = 60 records, paired" in text and "shallower in the larger model" in text and "unadjusted" in text
-    summaries = model_size.size_summaries(model_size.size_cells(spec, records)[("bfloat16", "mdqa", 20)], records, spec, "mdqa", 20)
+    summaries = model_size.size_summaries(model_size.size_cells(spec, records)[("bfloat16", "mdqa", 20)])
     assert [int(s[s.relative_position.notna()].n.max()) for s in summaries.values()] == [60, 60]  # both on the 1.5B's records
 
 

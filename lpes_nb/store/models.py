@@ -50,7 +50,7 @@ class EmbeddedModel:
     ``fingerprints``: (dtype, :func:`model_fingerprint`) of a model installed on demand, recorded
     where its results were computed, so that a machine without it reads its stored results
     (:func:`model_key`), and ``window``, its trained window from its GGUF header, for the same reason;
-    ``tests/test_models.py`` checks both wherever the model is installed."""
+    ``tests/test_model_size.py`` checks both wherever the model is installed."""
 
     wheels: tuple[str, ...]
     version: str

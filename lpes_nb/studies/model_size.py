@@ -57,13 +57,11 @@ def size_table(spec: PositionMap, records: dict[str, pd.DataFrame], profile: str
     return table
 
 
-def size_summaries(cells: dict[str, pd.DataFrame], records: dict[str, pd.DataFrame], spec: PositionMap,
-                   task: str, items: int) -> dict[str, pd.DataFrame]:
-    """Accuracy by position with Wilson intervals of each model of one shared cell, on the records the
-    largest model holds (the pairing the differences use)."""
+def size_summaries(cells: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """Accuracy by position with Wilson intervals of each model of one shared cell (:func:`size_cells`),
+    on the records the largest model holds (the pairing the differences use)."""
     on = set(cells[list(cells)[-1]]["record"])
-    names = {c.model: c.name for c in spec.record_cells if c.task == task and c.items == items and c.model in cells}
-    return {model: record_summary(records[names[model]][lambda f: f["sample"].isin(on)]) for model in cells}
+    return {model: record_summary(frame[frame["record"].isin(on)]) for model, frame in cells.items()}
 
 
 def size_conclusion(table: pd.DataFrame) -> str:

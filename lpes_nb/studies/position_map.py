@@ -31,7 +31,7 @@ from ..evaluation.metrics import proportion_ci, u_shape_rho
 from ..evaluation.position_gate import gate
 from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS, EvalSettings, TaskConfig, scoring_key
 from ..store.data import KV_FILES, closed_book_sample, kv_sample, load_kv, load_mdqa, mdqa_sample, oracle_sample
-from ..store.models import dtype_name, load_model, load_tokenizer, model_key, recorded_key, resolve_dtype
+from ..store.models import absent, dtype_name, load_model, load_tokenizer, model_key, resolve_dtype
 from ..store.results import RecordTable, cached_table, output_dir, reading_only, will_compute, write_csv
 from .benchmarks import method_key
 from .profiles import POSITIONAL, MapModel, PositionMap, RecordCell, profile as named_profile  # `profile`: every study's argument
@@ -255,9 +255,8 @@ def run_record_cells(spec: PositionMap, profile: str, progress: bool = True) -> 
         dtype = dtype_name(resolve_dtype(cell.dtype))
         if (cell.model, dtype) not in loaded:
             # a model installed on demand and absent here: its stored records are read by its recorded key
-            absent = recorded_key(cell.model, dtype) is not None
-            loaded = {(cell.model, dtype): (None, None) if absent else (load_model(cell.model, dtype=cell.dtype),
-                                                                        load_tokenizer(cell.model))}
+            loaded = {(cell.model, dtype): (None, None) if absent(cell.model) else (load_model(cell.model, dtype=cell.dtype),
+                                                                                    load_tokenizer(cell.model))}
         model, tokenizer = loaded[(cell.model, dtype)]
         frame = record_cell(model, tokenizer, cell.model, dtype, cell.task, cell.items, range(cell.n), spec.batch_size, profile,
                             progress, prefill_chunk=cell.prefill_chunk, gold_withdrawn=cell.gold_withdrawn)
