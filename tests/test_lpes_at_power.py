@@ -225,6 +225,38 @@ def test_table1_layout_and_verdicts_per_claim():
     assert rows.loc["CALIOPE-Decay", "verdict"] == "no paper figure; ours: lower"
 
 
+def test_ms_poe_against_its_parts_is_a_holm_family_of_its_own_that_leaves_the_claims_as_they_were():
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+
+    def cell(p):
+        return pd.DataFrame([{"sample": r, "position": k, "relative_position": k / 4, "correct": float(rng.random() < p)}
+                             for r in range(200) for k in range(5)])
+
+    fixed, mean_pi = lpes_at_power.MS_POE_PARTS
+    assert (fixed, mean_pi) == ("Ms-PoE, fixed head order", "PI at Ms-PoE's mean from layer 2")
+    assert {fixed, mean_pi} < set(lpes_at_power.TEST_METHODS)
+    methods = lpes_at_power.methods_for_test([1.0] * 4, ["baseline", "Ms-PoE", fixed, mean_pi])
+    assert methods[fixed].assign == "normal" and methods[mean_pi].ms_poe == methods["Ms-PoE"]
+    claims_only = {"baseline": cell(0.5), "LPES": cell(0.55), "PI": cell(0.5), "Ms-PoE": cell(0.3)}
+    alone = lpes_at_power.differences_on_test(claims_only)
+    with_parts = lpes_at_power.differences_on_test({**claims_only, fixed: cell(0.3), mean_pi: cell(0.32)})
+    diagnostic = with_parts.iloc[len(alone):]
+    assert set(zip(diagnostic.method, diagnostic.reference)) == {(fixed, "baseline"), (mean_pi, "baseline"), ("Ms-PoE", fixed),
+                                                                  ("Ms-PoE", mean_pi)}
+    # the claims' Holm p are those without the diagnostic (its pairs would otherwise weaken them)
+    before = alone.set_index(["method", "reference", "position"])["p_holm"]
+    after = with_parts.set_index(["method", "reference", "position"])["p_holm"]
+    assert after.loc[before.index].equals(before) and len(with_parts) == len(alone) + len(diagnostic)
+    # the claims ledger holds the paper's claims only
+    table = lpes_at_power.table1({**claims_only, fixed: cell(0.3), mean_pi: cell(0.32)})
+    ledger = lpes_at_power.claims(table, with_parts)
+    assert {fixed, mean_pi} <= set(ledger["method"]) and ledger["reference"].isin([fixed, mean_pi]).sum() == 2
+    conclusion = lpes_at_power.conclusion({"claims": ledger, "pending": []}, "cpu")
+    assert "Reading Ms-PoE against its parts" in conclusion
+
+
 def test_the_length_check_judges_each_answer_on_its_first_words_against_its_own_record():
     import pandas as pd
 

@@ -206,9 +206,21 @@ def test_under_grouped_query_attention_ms_poe_stays_relative_where_a_literal_por
 
 
 def test_ms_poe_parts_keep_its_ratio_range_without_the_heads_and_its_heads_without_the_score(gqa):
+    from lpes_nb.core.methods import LayerScales
     from lpes_nb.studies.benchmarks import ms_poe_parts
 
-    parts = ms_poe_parts(gqa)
-    assert list(parts) == ["Ms-PoE", "Ms-PoE, fixed head order", "PI ×1.35 from layer 2"]  # ratios {1.2, 1.5}
+    parts = ms_poe_parts()
+    mean_pi = "PI at Ms-PoE's mean from layer 2"
+    assert list(parts) == ["Ms-PoE", "Ms-PoE, fixed head order", mean_pi]
     assert parts["Ms-PoE, fixed head order"].assign == "normal"
-    assert parts["PI ×1.35 from layer 2"].scales == pytest.approx([1.0, 1.0, 1.35, 1.35])
+    assert parts[mean_pi].scales(gqa) == pytest.approx([1.0, 1.0, 1.35, 1.35])  # the mean of its ratios {1.2, 1.5}
+    assert parts[mean_pi].scales(_model(kv_heads=4)) == pytest.approx([1.0, 1.0, 1.425, 1.425])  # {1.2, 1.35, 1.5, 1.65}
+    with torch.no_grad():  # the same rotation as per-layer PI with those scales
+        with parts[mean_pi].context(gqa, PROMPT.shape[1], None):
+            ours = gqa(PROMPT).logits
+        with LayerScales([1.0, 1.0, 1.35, 1.35], "PI").context(gqa, PROMPT.shape[1], None):
+            as_pi = gqa(PROMPT).logits
+        base = gqa(PROMPT).logits
+    assert torch.equal(ours, as_pi) and not torch.allclose(ours, base)
+    with pytest.raises(ValueError, match="first_layer 4 is out of range"):
+        ms_poe_parts(MsPoE(first_layer=4))[mean_pi.replace("2", "4")].specs(gqa, PROMPT.shape[1], None)

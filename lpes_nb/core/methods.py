@@ -28,6 +28,7 @@ from .rope import (
     RopeSpec,
     dynamic_ntk_base,
     find_rope_stack,
+    key_value_heads,
     positive_real,
     rescaled_bases,
     scale_specs,
@@ -491,6 +492,29 @@ class MsPoE(Method):
             raise ValueError(f"Ms-PoE first_layer {self.first_layer} is out of range [0, {n - 1}]")
         spec = RopeSpec(heads=self.scaler)
         return [None] * self.first_layer + [spec] * (n - self.first_layer)
+
+
+@dataclass
+class MsPoEMeanPI(Method):
+    """Uniform positional interpolation at ``ms_poe``'s mean ratio from its first layer on: its ratio
+    range without its heads (issue #100's diagnostic, beside it paired). The mean is over the ratios it
+    would hand this model's key/value heads, so the scales are resolved per model, not fixed."""
+
+    ms_poe: MsPoE = field(default_factory=MsPoE)
+    shares_prefix = True
+
+    @property
+    def name(self) -> str:
+        return f"PI at {self.ms_poe.name}'s mean from layer {self.ms_poe.first_layer}"
+
+    def scales(self, model) -> list[float]:
+        m = self.ms_poe
+        mean = float(ms_poe_ratios(key_value_heads(model), m.min_scale, m.max_scale, m.grid).mean())
+        return [1.0] * m.first_layer + [mean] * (find_rope_stack(model).num_layers - m.first_layer)
+
+    def specs(self, model, length, segments):
+        self.ms_poe.specs(model, length, segments)  # its first-layer check
+        return scale_specs(self.scales(model))
 
 
 @dataclass

@@ -22,15 +22,14 @@ from ..core.methods import (
     Baseline,
     Caliope,
     DynamicNTK,
-    LayerScales,
     Method,
     MsPoE,
+    MsPoEMeanPI,
     WindowOverflow,
     lpes,
-    ms_poe_ratios,
     pi,
 )
-from ..core.rope import RopeSpec, dynamic_ntk_base, find_rope_stack, key_value_heads, rope_context, single_base
+from ..core.rope import RopeSpec, dynamic_ntk_base, find_rope_stack, rope_context, single_base
 from ..evaluation.metrics import perplexity
 from ..evaluation.moice import MoICE, router_digest
 from ..evaluation.tasks import EvalSettings, TaskConfig, scoring_key
@@ -64,18 +63,14 @@ def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dic
     return methods
 
 
-def ms_poe_parts(model, ms_poe: MsPoE | None = None) -> dict[str, Method]:
+def ms_poe_parts(ms_poe: MsPoE | None = None) -> dict[str, Method]:
     """Where Ms-PoE's loss comes from (issue #100): Ms-PoE beside each of its two parts alone, to be
     compared paired on the same records. Its ratios handed to the key/value heads in a fixed order (the
     reference's ``head_type="normal"``: the heads without the outlier score), and uniform PI at its mean
     ratio from its first layer on (the ratio range without the heads)."""
     ms_poe = ms_poe or MsPoE()
-    layers = find_rope_stack(model).num_layers
-    mean = float(ms_poe_ratios(key_value_heads(model), ms_poe.min_scale, ms_poe.max_scale, ms_poe.grid).mean())
-    first = ms_poe.first_layer
-    pi_label = f"PI ×{mean:.2f} from layer {first}"
-    return {ms_poe.name: ms_poe, f"{ms_poe.name}, fixed head order": replace(ms_poe, assign="normal"),
-            pi_label: LayerScales([1.0] * first + [mean] * (layers - first), pi_label)}
+    mean_pi = MsPoEMeanPI(ms_poe)
+    return {ms_poe.name: ms_poe, f"{ms_poe.name}, fixed head order": replace(ms_poe, assign="normal"), mean_pi.name: mean_pi}
 
 
 def method_key(method: Method) -> str:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..store.models import QWEN, model_label
 from ..store.results import output_dir, project_root, write_csv
-from .lpes_at_power import WITHDRAWN
+from .lpes_at_power import MS_POE_PARTS, WITHDRAWN
 
 COLUMNS = ["claim", "paper", "where", "paper_setting", "paper_value", "ours_setting", "ours", "ci_low", "ci_high", "interval",
            "unit", "n", "mde", "verdict", "notebook", "source"]
@@ -78,6 +78,8 @@ def lpes_test_rows(results: Path, dtype: str = "bfloat16") -> list[dict]:
     rows = []
     for r in pd.read_csv(results / source).itertuples():
         method = r.method
+        if method in MS_POE_PARTS or r.reference in MS_POE_PARTS:
+            continue  # issue #100's diagnostic of Ms-PoE's loss: a question of ours, no paper's claim
         if method in LPES_TABLE1_METHODS:
             ref = "Baseline" if r.reference == "baseline" else LPES_TABLE1_METHODS[r.reference]
             paper, where = LPES, "Table 1 (Avg., Qwen MDQA)"

@@ -56,7 +56,7 @@ from ..evaluation.tasks import EvalSettings, TaskConfig
 from ..store import splits
 from ..store.models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from ..store.results import output_dir, read_scales, save_scales, write_csv
-from .benchmarks import METHODS
+from .benchmarks import METHODS, ms_poe_parts
 from .position_map import RELATIVE_POSITIONS, at_positions, load_records, positional_rows, record_cell
 from .profiles import PROFILES, SPACES, Training, profile as named_profile
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
@@ -76,7 +76,9 @@ VALUE = "gold_logprob"
 # answer is at most a few words): a difference that survives it is not the answers' length.
 SHORT_WORDS = 10
 SHORT = f"correct_first{SHORT_WORDS}"
-TEST_METHODS = ("LPES", "PI", "Ms-PoE", "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "CALIOPE-Hourglass",
+# Ms-PoE beside its two parts alone (issue #100's diagnostic: is its loss the ratio range or the heads?)
+MS_POE_PARTS = {label: part for label, part in ms_poe_parts().items() if label != "Ms-PoE"}
+TEST_METHODS = ("LPES", "PI", "Ms-PoE", *MS_POE_PARTS, "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "CALIOPE-Hourglass",
                 "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", "MoICE")
 
 
@@ -261,8 +263,8 @@ def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budg
 
 def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moice: MoICE | None = None) -> dict[str, Method | None]:
     """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
-    its mean scale (the twin), MoICE as ``moice`` (trained: :func:`moice_for_test`), the others from the
-    benchmark registry. A curve searched on another dataset (the transfer test) labels LPES and its
+    its mean scale (the twin), MoICE as ``moice`` (trained: :func:`moice_for_test`), Ms-PoE's parts
+    (:data:`MS_POE_PARTS`), the others from the benchmark registry. A curve searched on another dataset (the transfer test) labels LPES and its
     twin "LPES (searched on kv75)" and so on."""
     unknown = sorted(set(names) - set(TEST_METHODS) - {"baseline"})
     if unknown:
@@ -270,8 +272,13 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moi
     if "MoICE" in names and (moice is None or not moice.trained):  # its untrained (uniform) mixture is not the paper's method
         raise ValueError("MoICE needs a router trained on this model: pass moice=moice_for_test(...)")
     suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
-    return {name + (suffix if name in ("LPES", "PI") else ""):
-            None if name == "baseline" else moice if name == "MoICE" else METHODS[name](chosen, None) for name in names}
+
+    def method(name: str) -> Method | None:
+        if name == "baseline":
+            return None
+        return moice if name == "MoICE" else MS_POE_PARTS[name] if name in MS_POE_PARTS else METHODS[name](chosen, None)
+
+    return {name + (suffix if name in ("LPES", "PI") else ""): method(name) for name in names}
 
 
 def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Method | None], records: dict[str, int],
@@ -332,10 +339,17 @@ def with_short_answers(cells: dict[str, pd.DataFrame], words: int = SHORT_WORDS,
 def differences_on_test(cells: dict[str, pd.DataFrame], value: str = "correct") -> pd.DataFrame:
     """Every method against the baseline and LPES against its PI twin, paired on the records both
     answered: the first n of the test part, n the smaller of the two (a method on 150 records is
-    compared with the baseline's first 150, never with all 321)."""
+    compared with the baseline's first 150, never with all 321). Ms-PoE's parts (:data:`MS_POE_PARTS`)
+    against the baseline and Ms-PoE against each of them form a Holm family of their own."""
     twins = [(m, "PI" + m[len("LPES"):]) for m in cells if _base(m) == "LPES" and "PI" + m[len("LPES"):] in cells]
-    pairs = [(m, "baseline") for m in cells if m != "baseline"] + twins
-    return method_differences(cells, pairs, value, on_method_records=True)
+    pairs = [(m, "baseline") for m in cells if m not in ("baseline", *MS_POE_PARTS)] + twins
+    claims = method_differences(cells, pairs, value, on_method_records=True)
+    # the diagnostic is its own Holm family: it asks a question of our own, and must not weaken the claims'
+    parts = [part for part in MS_POE_PARTS if part in cells]
+    if not parts:
+        return claims
+    diagnostic = [(part, "baseline") for part in parts] + [("Ms-PoE", part) for part in parts if "Ms-PoE" in cells]
+    return pd.concat([claims, method_differences(cells, diagnostic, value, on_method_records=True)], ignore_index=True)
 
 
 PAPER_TABLE = Path(__file__).resolve().parents[2] / "data" / "papers" / "lpes_table1.csv"
@@ -627,6 +641,10 @@ def conclusion(found: dict, profile: str) -> str:
         lines.append(f"- **{r.method} − {r.reference}** (accuracy averaged over the 5 gold positions): {r.points:+.1f} points "
                      f"[{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = {r.p_holm:.3g}"
                      f"{paper}: **{r.verdict}**.")
+    if found.get("claims", pd.DataFrame(columns=["reference"]))["reference"].isin(MS_POE_PARTS).any():
+        lines.append("- *Reading Ms-PoE against its parts* (a Holm family of its own, apart from the claims): Ms-PoE − its "
+                     "PI at the same mean near zero puts its loss on the ratio range on this model, not on its head-wise "
+                     "machinery; Ms-PoE − its fixed head order near zero says the outlier score chooses no better than a fixed order.")
     if "test_differences" in found:
         d = found["test_differences"]
         for r in d[(d["position"] == "average") & (d["value"] == SHORT)].itertuples():

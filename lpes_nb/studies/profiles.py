@@ -498,10 +498,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                   # LPES's claims at full power, the other baselines where the budget allows (>= 150, >= 100).
                                   # Not Dynamic NTK: inside the 32,768-token window (MDQA-20: ~3k tokens) it keeps the
                                   # trained base, so its rows would be the baseline's (the test refuses it)
-                                  # Ms-PoE: the variant run before it was held against its authors' code (issue #100;
-                                  # the reference variant's 150 records are the next background job)
-                                  test_records=(("LPES", 321), ("PI", 321), ("Ms-PoE (rank, endpoints grid)", 150), ("CALIOPE-Moses", 150),
-                                                ("CALIOPE-Hourglass", 150), ("CALIOPE-Decay", 150),
+                                  # Ms-PoE: the reference variant and each of its two parts alone (issue #100's
+                                  # diagnostic), beside the variant run before it was held against its authors' code
+                                  test_records=(("LPES", 321), ("PI", 321), ("Ms-PoE", 150), ("Ms-PoE, fixed head order", 150),
+                                                ("PI at Ms-PoE's mean from layer 2", 150), ("Ms-PoE (rank, endpoints grid)", 150),
+                                                ("CALIOPE-Moses", 150), ("CALIOPE-Hourglass", 150), ("CALIOPE-Decay", 150),
                                                 ("Attention Buckets", 100), ("MoICE", 100)),
                                   # notebook 6's recipe (model frozen), on the search records' answers
                                   router=Training(steps=30, batch_size=4, lr=3e-3, micro_batch=1), read_only=True),
