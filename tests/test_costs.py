@@ -251,10 +251,15 @@ def test_notebook10_cpu_plan_prices_each_stage_on_the_path_it_takes():
     plan = lpes_at_power_plan(PROFILES["cpu"], cpu=report).set_index("stage")
     hours = plan.cpu_hours * 3600 / plan.prompts
     assert hours["search: GA"] == pytest.approx(5, rel=1e-2) and hours["validation"] == pytest.approx(5, rel=1e-2)
-    for method in ("baseline", "LPES", "PI"):  # share prefixes
+    for method in ("baseline", "LPES", "PI", "PI at the mean Ms-PoE ratio from layer 2"):  # share prefixes
         assert hours[f"test: {method}"] == pytest.approx(20, rel=1e-2)
-    for method in ("Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "MoICE", "Attention Buckets"):  # decode and score plain
+    for method in ("Ms-PoE", "Ms-PoE, fixed head order", "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "MoICE",
+                   "MoICE (per-head router, task-trained)", "MoICE (untrained)", "Attention Buckets"):  # decode and score plain
         assert hours[f"test: {method}"] == pytest.approx(30 + 10, rel=1e-2)
+    # both routers' training priced: the per-head one on MDQA prompts, MoICE's own on its general-text sequences
+    assert plan.loc["test: MoICE's router (as published)", "prompt_tokens"] == 1024
+    assert plan.loc["test: MoICE's router (as published)", "prompts"] == 3 * 7 * 128
+    assert np.isfinite(hours["test: MoICE (per-head router, task-trained)'s router"])
     assert plan.loc["test: Attention Buckets", "prompts"] == PASSES["Attention Buckets"] * plan.loc["test: MoICE", "prompts"]
     assert hours["search: GA (free)"] == pytest.approx(5, rel=1e-2) and hours["test: PI (searched on kv75)"] == pytest.approx(20, rel=1e-2)
     assert plan.loc[["search: GA on kv75", "validation: kv75"], "cpu_hours"].isna().all()  # no rate measured on KV prompts

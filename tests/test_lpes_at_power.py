@@ -2,6 +2,7 @@
 table against the evaluations' recorded wall time, readable from a checkpoint while a search runs."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -127,8 +128,11 @@ def test_validation_picks_one_finalist_and_the_test_pairs_methods_on_test_record
     pairs = lpes_at_power.differences_on_test(both, "gold_logprob").query("position == 'average'")
     assert ("LPES (searched on kv75)", "PI (searched on kv75)") in set(zip(pairs.method, pairs.reference))
     assert ("LPES", "PI (searched on kv75)") not in set(zip(pairs.method, pairs.reference))
-    with pytest.raises(ValueError, match="MoICE needs a router trained on this model"):
-        lpes_at_power.methods_for_test(chosen, ["LPES", "MoICE"])
+    for trained in ("MoICE", lpes_at_power.PER_HEAD_MOICE):
+        with pytest.raises(ValueError, match=f"{re.escape(trained)} needs a router trained on this model"):
+            lpes_at_power.methods_for_test(chosen, ["LPES", trained])
+    untrained = lpes_at_power.methods_for_test(chosen, [lpes_at_power.UNTRAINED_MOICE])[lpes_at_power.UNTRAINED_MOICE]
+    assert not untrained.trained
 
 
 def test_the_test_computes_block_by_block_every_method_on_a_block_before_the_next(monkeypatch):
@@ -235,7 +239,7 @@ def test_ms_poe_against_its_parts_is_a_holm_family_of_its_own_that_leaves_the_cl
                              for r in range(200) for k in range(5)])
 
     fixed, mean_pi = lpes_at_power.MS_POE_PARTS
-    assert (fixed, mean_pi) == ("Ms-PoE, fixed head order", "PI at Ms-PoE's mean from layer 2")
+    assert (fixed, mean_pi) == ("Ms-PoE, fixed head order", "PI at the mean Ms-PoE ratio from layer 2")
     assert {fixed, mean_pi} < set(lpes_at_power.TEST_METHODS)
     methods = lpes_at_power.methods_for_test([1.0] * 4, ["baseline", "Ms-PoE", fixed, mean_pi])
     assert methods[fixed].assign == "normal" and methods[mean_pi].ms_poe == methods["Ms-PoE"]
@@ -350,11 +354,31 @@ def test_moice_is_tested_with_a_router_trained_on_search_records_once(tmp_path, 
     monkeypatch.setattr("lpes_nb.evaluation.moice.train_router", lambda *a, **k: pytest.fail("the router was trained again"))
     again = lpes_at_power.moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, records=2, items=5, progress=False)
     assert method_key(again) == method_key(moice)
-    methods = lpes_at_power.methods_for_test([1.5] * model.config.num_hidden_layers, ["baseline", "MoICE"], moice=again)
-    cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 2, "MoICE": 2},
+    per_head = lpes_at_power.PER_HEAD_MOICE
+    methods = lpes_at_power.methods_for_test([1.5] * model.config.num_hidden_layers, ["baseline", per_head], moice={per_head: again})
+    cells = lpes_at_power.cells_on_test(model, tokenizer, "tiny-llama", "float32", methods, {"baseline": 2, per_head: 2},
                                         profile="smoke", items=5, progress=False)
-    assert set(cells["MoICE"]["sample"]) == set(splits.records("mdqa20", "test", 2)) and cells["MoICE"]["gold_logprob"].notna().all()
-    assert not cells["MoICE"]["gold_logprob"].equals(cells["baseline"]["gold_logprob"])
+    assert set(cells[per_head]["sample"]) == set(splits.records("mdqa20", "test", 2)) and cells[per_head]["gold_logprob"].notna().all()
+    assert not cells[per_head]["gold_logprob"].equals(cells["baseline"]["gold_logprob"])
+
+
+def test_moice_as_published_is_trained_once_on_general_text_and_tested_by_its_recipe(tmp_path, monkeypatch):
+    from lpes_nb.evaluation.moice import ReferenceRouter, ReferenceTraining
+    from lpes_nb.studies.benchmarks import method_key
+
+    monkeypatch.setenv("LPES_OUTPUT_ROOT", str(tmp_path))
+    model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
+    budget = ReferenceTraining(steps=3, batch_size=2, lr=1e-2, tokens=48)
+    moice = lpes_at_power.reference_moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, progress=False)
+    stored = json.loads((tmp_path / "results" / "smoke" / "lpes_at_power" / "moice_reference_router_tiny-llama_float32.json").read_text())
+    assert isinstance(moice.router, ReferenceRouter) and len(stored["loss"]) == 3 and stored["router"] == "reference"
+    assert "without the MDQA-20 questions" in stored["data"] and budget.history == []
+    monkeypatch.setattr("lpes_nb.evaluation.moice.train_reference_router", lambda *a, **k: pytest.fail("trained again"))
+    again = lpes_at_power.reference_moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, progress=False)
+    assert isinstance(again.router, ReferenceRouter) and method_key(again) == method_key(moice)
+    assert all(torch.equal(a, b) for a, b in zip(again.router.state_dict().values(), moice.router.state_dict().values()))
+    methods = lpes_at_power.methods_for_test([1.0] * model.config.num_hidden_layers, ["MoICE"], moice={"MoICE": again})
+    assert methods["MoICE"] is again
 
 
 def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path):
@@ -460,7 +484,7 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
     assert found["pending"] == [
         f"the mdqa20 search of seed(s) [1] has not finished: {command.format('search')} --seeds 1",
         f"validation of the mdqa20 search: {command.format('validate')} --seeds 0 1",
-        f"test: {command.format('test')} --methods LPES PI Ms-PoE MoICE",
+        f"test: {command.format('test')} --methods LPES PI Ms-PoE 'MoICE (per-head router, task-trained)'",
         f"the mdqa20_linear search of seed(s) [0, 1] has not finished: {command.format('search')} --space linear --seeds 0 1",
         f"validation of the mdqa20_linear search: {command.format('validate')} --space linear --seeds 0 1",
         f"the mdqa20_free search of seed(s) [0, 1] has not finished: {command.format('search')} --space free --seeds 0 1",

@@ -210,7 +210,7 @@ def test_ms_poe_parts_keep_its_ratio_range_without_the_heads_and_its_heads_witho
     from lpes_nb.studies.benchmarks import ms_poe_parts
 
     parts = ms_poe_parts()
-    mean_pi = "PI at Ms-PoE's mean from layer 2"
+    mean_pi = "PI at the mean Ms-PoE ratio from layer 2"
     assert list(parts) == ["Ms-PoE", "Ms-PoE, fixed head order", mean_pi]
     assert parts["Ms-PoE, fixed head order"].assign == "normal"
     assert parts[mean_pi].scales(gqa) == pytest.approx([1.0, 1.0, 1.35, 1.35])  # the mean of its ratios {1.2, 1.5}

@@ -505,7 +505,7 @@ class MsPoEMeanPI(Method):
 
     @property
     def name(self) -> str:
-        return f"PI at {self.ms_poe.name}'s mean from layer {self.ms_poe.first_layer}"
+        return f"PI at the mean {self.ms_poe.name} ratio from layer {self.ms_poe.first_layer}"
 
     def scales(self, model) -> list[float]:
         m = self.ms_poe

@@ -314,7 +314,7 @@ def router_digest(router: Router) -> str:
     return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in router.parameters())).hexdigest()[:16]
 
 
-def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Path:
+def save_router(method: MoICE, path: Path, budget: RouterTraining | ReferenceTraining, **meta) -> Path:
     """Weights (``.safetensors``) and a JSON beside them with the bases, the budget, the loss
     history, the weights' digest and ``meta``; the JSON is written last, so it exists only beside
     complete weights."""
@@ -325,9 +325,11 @@ def save_router(method: MoICE, path: Path, budget: RouterTraining, **meta) -> Pa
     return weights
 
 
-def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path, meta: dict | None = None,
+def load_or_train(model, tokenizer, samples, budget: RouterTraining | ReferenceTraining, path: Path, meta: dict | None = None,
                   progress: bool = True) -> MoICE:
-    """MoICE with the router trained with this budget and ``meta`` (model, task), known by that recipe.
+    """MoICE with the router trained with this budget and ``meta`` (model, task), known by that recipe:
+    on ``samples``' answers (:func:`train_router`), or with a :class:`ReferenceTraining` budget the
+    reference router as published, on general text (:func:`train_reference_router`; ``samples`` unused).
 
     If ``path``'s JSON records this recipe, its loss history is read back and the weights are loaded
     when present; without them they are retrained only when the method first runs, and refused if
@@ -346,7 +348,9 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining, path: Path,
         budget.history.clear()
         budget.seconds = 0.0
         with footprint.study("MoICE router training", steps=budget.steps):
-            trained = train_router(model, tokenizer, samples, budget, progress, checkpoint, wanted)
+            trained = (train_reference_router(model, tokenizer, budget, progress, checkpoint, wanted)
+                       if isinstance(budget, ReferenceTraining) else
+                       train_router(model, tokenizer, samples, budget, progress, checkpoint, wanted))
         if made is not None and (digest := router_digest(trained.router)) != made:
             raise RuntimeError(f"MoICE router {path}: retrained from its recipe, its weights are {digest}, "
                                f"but the results stored under this recipe were made by weights {made}; restore "
@@ -370,7 +374,8 @@ def load_router(model, path: Path) -> MoICE:
     weights, info_path, _ = router_files(path)
     info = json.loads(info_path.read_text())
     method = MoICE(bases=info["bases"])
-    router = method.new_router(model, info["hidden"], info["seed"])
+    router = (method.new_reference_router(model, seed=info["seed"]) if info.get("router") == "reference"
+              else method.new_router(model, info["hidden"], info["seed"]))
     router.load_state_dict(safetensors.torch.load_file(weights))
     digest = router_digest(router)
     if info.get("router_digest", digest) != digest:

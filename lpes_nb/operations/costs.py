@@ -37,12 +37,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..evaluation.moice import MoICE, ReferenceTraining
 from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS
 from ..evaluation.training import frozen
 from ..store import splits
 from ..store.models import model_from_config, tiny_config
 from ..store.results import project_root, write_csv, write_json
-from ..studies.benchmarks import METHODS
+from ..studies.lpes_at_power import PER_HEAD_MOICE, TRAINED_MOICE, test_method
 from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS, record_settings
 from ..studies.profiles import Profile, profile
 from ..studies.regime_search import TRANSFER
@@ -331,10 +332,14 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
         add(f"search: GA on {dataset}", search, 0, tokens=splits.FILES[dataset][1] * KV_TOKENS_PER_PAIR)
         add(f"validation: {dataset}", validation, 0, tokens=splits.FILES[dataset][1] * KV_TOKENS_PER_PAIR)
     sizes = dict(s.test_records)
-    if "MoICE" in sizes:
-        add("test: MoICE router", 3 * s.router.steps * s.router.batch_size, 0, per_prompt((False, "score")))
+    if PER_HEAD_MOICE in sizes:
+        add(f"test: {PER_HEAD_MOICE}'s router", 3 * s.router.steps * s.router.batch_size, 0, per_prompt((False, "score")))
+    if "MoICE" in sizes:  # as published: general-text sequences of its own length, no CPU rate measured on them
+        reference = ReferenceTraining()
+        add("test: MoICE's router (as published)", 3 * reference.steps * reference.batch_size, 0, tokens=reference.tokens)
+    untrained = {name: MoICE() for name in TRAINED_MOICE}  # for the path each takes (MoICE never shares a prefix)
     for method, n in {"baseline": max(sizes.values()), **sizes}.items():
-        shares = METHODS[method](np.ones(shape.layers), None).shares_prefix
+        shares = method == "baseline" or test_method(method, list(np.ones(shape.layers)), untrained).shares_prefix
         add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
             per_prompt((True, "generate")) if shares else per_prompt((False, "generate"), (False, "score")))
     for dataset in s.transfer:  # the transferred curve and its PI twin on LPES's test records

@@ -85,9 +85,9 @@ def lpes_test_rows(results: Path, dtype: str = "bfloat16") -> list[dict]:
             paper, where = LPES, "Table 1 (Avg., Qwen MDQA)"
             paper_value = f"{paper_gain('Qwen2.5-7B', LPES_TABLE1_METHODS[method], 'mdqa', ref):+.1f} points"
             setting = QWEN_7B
-        elif method.startswith("Ms-PoE ("):  # a variant that is not the authors' code (methods.MsPoE)
+        elif method.startswith(("Ms-PoE (", "MoICE (")):  # a variant that is not the authors' code (methods.MsPoE, moice)
             paper, where, paper_value, setting = LPES, "Table 1 (Avg., Qwen MDQA)", "", QWEN_7B
-            r = r._replace(verdict=f"not comparable — ours ran {method}, not the authors' code's Ms-PoE; ours: "
+            r = r._replace(verdict=f"not comparable — ours ran {method}, not the authors' code's {method.split(' (')[0]}; ours: "
                                    + r.verdict.split("ours: ", 1)[-1])
         elif method.startswith("CALIOPE"):
             paper, where, paper_value = CALIOPE, "Tables 3, 6 (calibrators, NQ needle at 100 chunks)", ""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,7 +51,7 @@ from ..core.methods import DynamicNTK, Method
 from ..evaluation.evaluate import encode
 from ..evaluation.fitness import PositionFitness
 from ..evaluation.metrics import mdqa_correct_within
-from ..evaluation.moice import MoICE, RouterTraining, load_or_train
+from ..evaluation.moice import MoICE, ReferenceTraining, RouterTraining, load_or_train
 from ..evaluation.position_gate import method_differences, verdict_word
 from ..evaluation.tasks import EvalSettings, TaskConfig
 from ..store import splits
@@ -78,8 +79,13 @@ SHORT_WORDS = 10
 SHORT = f"correct_first{SHORT_WORDS}"
 # Ms-PoE beside its two parts alone (issue #100's diagnostic: is its loss the ratio range or the heads?)
 MS_POE_PARTS = {label: part for label, part in ms_poe_parts().items() if label != "Ms-PoE"}
+# MoICE as published (its reference router on general text), the router this workbook trained before it was
+# held against its authors' code, and the untrained (uniform) mixture: the router's part apart from the mixture's
+PER_HEAD_MOICE = "MoICE (per-head router, task-trained)"
+UNTRAINED_MOICE = "MoICE (untrained)"
+TRAINED_MOICE = ("MoICE", PER_HEAD_MOICE)
 TEST_METHODS = ("LPES", "PI", "Ms-PoE", *MS_POE_PARTS, "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "CALIOPE-Hourglass",
-                "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", "MoICE")
+                "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", *TRAINED_MOICE, UNTRAINED_MOICE)
 
 
 @dataclass(frozen=True)
@@ -250,7 +256,8 @@ def _base(label: str) -> str:
 
 def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: RouterTraining = RouterTraining.of(CPU.router),
                    records: int | None = None, items: int | None = None, progress: bool = True) -> MoICE:
-    """MoICE with its router trained on this model (the profile's ``router``: notebook 6's recipe, model
+    """MoICE as this workbook ran it before holding it against its authors' code (:data:`PER_HEAD_MOICE`):
+    a router per layer and head trained on this model (the profile's ``router``: notebook 6's recipe, model
     frozen) on the answer loss of the first ``records`` (default all) search records of MDQA-20 (with
     ``items`` documents; default 20) at the map's gold positions, never on a test record; trained once,
     then known by its recipe (weights and loss history under the profile's ``lpes_at_power/``)."""
@@ -261,24 +268,46 @@ def moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budg
                          dict(**model_key(model_name, model), task=repr(task)), progress)
 
 
-def methods_for_test(chosen: list[float], names, searched_on: str = DATASET, moice: MoICE | None = None) -> dict[str, Method | None]:
+def reference_moice_for_test(model, tokenizer, model_name: str, profile: str = "cpu", budget: ReferenceTraining = ReferenceTraining(),
+                             progress: bool = True) -> MoICE:
+    """MoICE as published (issue #100): the reference router (one per layer, shared by its heads) trained
+    as its authors' script trains it, on general text that holds no MDQA-20 question
+    (:class:`lpes_nb.evaluation.moice.ReferenceTraining`); trained once, checkpointed after every step,
+    then known by its recipe (weights, and the loss curve in the JSON beside them, under the profile's
+    ``lpes_at_power/``)."""
+    path = output_dir("results", profile) / "lpes_at_power" / f"moice_reference_router_{model_name}_{dtype_name(model.dtype)}"
+    return load_or_train(model, tokenizer, None, replace(budget, history=[]), path, model_key(model_name, model), progress)
+
+
+def methods_for_test(chosen: list[float], names, searched_on: str = DATASET,
+                     moice: Mapping[str, MoICE] | None = None) -> dict[str, Method | None]:
     """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
-    its mean scale (the twin), MoICE as ``moice`` (trained: :func:`moice_for_test`), Ms-PoE's parts
-    (:data:`MS_POE_PARTS`), the others from the benchmark registry. A curve searched on another dataset (the transfer test) labels LPES and its
-    twin "LPES (searched on kv75)" and so on."""
+    its mean scale (the twin), each trained MoICE of :data:`TRAINED_MOICE` from ``moice`` (label ->
+    method: :func:`reference_moice_for_test`, :func:`moice_for_test`), its untrained mixture, Ms-PoE's
+    parts (:data:`MS_POE_PARTS`), the others from the benchmark registry. A curve searched on another
+    dataset (the transfer test) labels LPES and its twin "LPES (searched on kv75)" and so on."""
     unknown = sorted(set(names) - set(TEST_METHODS) - {"baseline"})
     if unknown:
         raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_METHODS]}")
-    if "MoICE" in names and (moice is None or not moice.trained):  # its untrained (uniform) mixture is not the paper's method
-        raise ValueError("MoICE needs a router trained on this model: pass moice=moice_for_test(...)")
+    moice = dict(moice or {})
+    for name in set(names) & set(TRAINED_MOICE):  # an untrained (uniform) mixture is not the trained method
+        if name not in moice or not moice[name].trained:
+            raise ValueError(f"{name} needs a router trained on this model: pass moice={{{name!r}: ...}} "
+                             "(reference_moice_for_test / moice_for_test)")
     suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
+    return {name + (suffix if name in ("LPES", "PI") else ""): test_method(name, chosen, moice) for name in names}
 
-    def method(name: str) -> Method | None:
-        if name == "baseline":
-            return None
-        return moice if name == "MoICE" else MS_POE_PARTS[name] if name in MS_POE_PARTS else METHODS[name](chosen, None)
 
-    return {name + (suffix if name in ("LPES", "PI") else ""): method(name) for name in names}
+def test_method(name: str, chosen: list[float], moice: Mapping[str, MoICE]) -> Method | None:
+    """The test's method labelled ``name`` (:func:`methods_for_test`, which checks the label and that each
+    trained MoICE is in ``moice``)."""
+    if name == "baseline":
+        return None
+    if name in moice:
+        return moice[name]
+    if name == UNTRAINED_MOICE:
+        return MoICE()
+    return MS_POE_PARTS[name] if name in MS_POE_PARTS else METHODS[name](chosen, None)
 
 
 def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Method | None], records: dict[str, int],
@@ -459,8 +488,13 @@ def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int
     if not paths["chosen"].exists():
         raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {searched_on} search")
     chosen = read_scales(paths["chosen"], model=model_identity(model, model_name))["scales"]
-    moice = (moice_for_test(model, tokenizer, model_name, plan.profile, RouterTraining.of(router), items=plan.items, progress=progress)
-             if "MoICE" in sizes else None)
+    moice = {}
+    if "MoICE" in sizes:
+        moice["MoICE"] = reference_moice_for_test(model, tokenizer, model_name, plan.profile,
+                                                  ReferenceTraining(micro_batch=router.micro_batch), progress)
+    if PER_HEAD_MOICE in sizes:
+        moice[PER_HEAD_MOICE] = moice_for_test(model, tokenizer, model_name, plan.profile, RouterTraining.of(router),
+                                               items=plan.items, progress=progress)
     methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice)
     labelled = {label: sizes[_base(label)] for label in methods if label != "baseline"}
     refuse_unchanged(model, tokenizer, model_name, methods, labelled, plan.items)

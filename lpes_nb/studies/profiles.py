@@ -419,7 +419,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         lpes_at_power=LpesAtPower(model="paper-dry-llama", dtype="float32",
                                   ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), seeds=(0, 1),
                                   search_records=1, finalists=2, validation_records=3,
-                                  test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE", 2)),
+                                  test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE (per-head router, task-trained)", 2)),
                                   router=Training(steps=2, batch_size=2, lr=3e-3), items=5),
     ),
     # SmolLM2 at 10 pairs: among the sizes where the middle and the end stay above the floor while the
@@ -501,10 +501,12 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                   # Ms-PoE: the reference variant and each of its two parts alone (issue #100's
                                   # diagnostic), beside the variant run before it was held against its authors' code
                                   test_records=(("LPES", 321), ("PI", 321), ("Ms-PoE", 150), ("Ms-PoE, fixed head order", 150),
-                                                ("PI at Ms-PoE's mean from layer 2", 150), ("Ms-PoE (rank, endpoints grid)", 150),
+                                                ("PI at the mean Ms-PoE ratio from layer 2", 150), ("Ms-PoE (rank, endpoints grid)", 150),
                                                 ("CALIOPE-Moses", 150), ("CALIOPE-Hourglass", 150), ("CALIOPE-Decay", 150),
-                                                ("Attention Buckets", 100), ("MoICE", 100)),
-                                  # notebook 6's recipe (model frozen), on the search records' answers
+                                                ("Attention Buckets", 100), ("MoICE (per-head router, task-trained)", 100),
+                                                ("MoICE", 100), ("MoICE (untrained)", 100)),
+                                  # the per-head router: notebook 6's recipe (model frozen), on the search records'
+                                  # answers; MoICE itself is trained as its authors' script trains it (its micro-batch this one's)
                                   router=Training(steps=30, batch_size=4, lr=3e-3, micro_batch=1), read_only=True),
     ),
     Profile(
