@@ -450,12 +450,15 @@ def test_the_cpu_profile_names_the_committed_search_and_bad_settings_are_refused
                        ({"seeds": (0, 0)}, "seeds must be distinct"), ({"dtype": "float16"}, "dtype must be"),
                        ({"spaces": ("linear", "bezier")}, r"spaces must be distinct families of .*'bezier' .* first, got \('linear', 'bezier'\)"),
                        ({"spaces": ("bezier", "step")}, r"spaces must be .* got \('bezier', 'step'\)"),
-                       ({"transfer": ("mdqa20",)}, r"transfer must be distinct datasets of \['kv140', 'kv75'\] .*got \('mdqa20',\)")):
+                       ({"transfer": ("mdqa20",)}, r"transfer must be distinct datasets of \['kv140', 'kv75'\] .*got \('mdqa20',\)"),
+                       ({"in_domain": (("kv140", 150),)}, r"in_domain: each entry is \(a dataset of transfer \('kv75',\).*got \('kv140', 150\)"),
+                       ({"in_domain": (("kv75", 301),)}, r"in_domain: .*got \('kv75', 301\)")):
         with pytest.raises(ValueError, match=match):
             replace(cpu, **bad)
     with pytest.raises(ValueError, match="unknown test method"):
         lpes_at_power.methods_for_test([1.0] * 4, ["baseline", "LPES", "Ms-PoE2"])
     assert isinstance(cpu, LpesAtPower) and cpu.read_only and not PROFILES["smoke"].lpes_at_power.read_only
+    assert replace(cpu, in_domain=()).in_domain == ()  # no in-domain test: allowed
 
 
 def _profile_for(monkeypatch, name: str, **changes):
@@ -491,9 +494,10 @@ def test_a_read_only_study_computes_nothing_and_names_every_step_not_yet_run(tmp
         f"validation of the mdqa20_free search: {command.format('validate')} --space free --seeds 0 1",
         f"the kv75 search of seed(s) [0, 1] has not finished: {command.format('search')} --dataset kv75 --seeds 0 1",
         f"validation of the kv75 search: {command.format('validate')} --dataset kv75 --seeds 0 1",
-        f"test of the curve searched on kv75: {command.format('test')} --methods LPES PI --searched-on kv75"]
+        f"test of the curve searched on kv75: {command.format('test')} --methods LPES PI --searched-on kv75",
+        f"test on kv75's test part: {command.format('test')} --methods LPES PI --tested-on kv75"]
     text = lpes_at_power.conclusion(found, "smoke-read")
-    assert "**Search (bezier), seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 10
+    assert "**Search (bezier), seed 0**: generation 1 of 1" in text and text.count("*Not yet run*") == 11
     assert f"**Setting**: {name}, float32" in text and "search part" in text
 
 
@@ -576,11 +580,22 @@ def test_a_computing_study_runs_every_step_and_refuses_tables_made_under_other_s
     assert all(f"**Curve family {r.method} − {r.reference}**" in text for r in families.itertuples())
     assert all(f"*Length check, {m} − {ref}*" in text for m, ref in [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")])
     assert all(f"**Transfer, {r.method} − {r.reference}**" in text and r.verdict in text for r in transfer.itertuples())
+    # the KV-75 curve on KV-75's own test part: plain labels, no length check, no paper rows, tables of their own
+    in_domain = found["in_domain"]
+    assert list(zip(in_domain.method, in_domain.reference)) == [("LPES", "baseline"), ("PI", "baseline"), ("LPES", "PI")]
+    assert (in_domain["n"] == 2).all() and (in_domain["tested_on"] == "kv75").all()
+    assert all(f"**In-domain KV75 test, {r.method} − {r.reference}**" in text and r.verdict in text for r in in_domain.itertuples())
+    folder = tmp_path / "results" / "smoke-all" / "lpes_at_power"
+    kv_test = pd.read_csv(folder / "test_differences_kv75_tested_on_kv75_paper-dry-llama_float32.csv")
+    assert list(dict.fromkeys(kv_test["value"])) == ["correct", "gold_logprob"] and set(kv_test["n"]) == {2}
+    kv_table = pd.read_csv(folder / "table1_kv75_tested_on_kv75_paper-dry-llama_float32.csv")
+    assert (kv_table["source"] == "ours").all() and kv_table["records"].tolist() == [2, 2, 2]
+    assert (folder / "claims_kv75_paper-dry-llama_float32.csv").exists()  # the transfer's tables keep their names
     # read back: the same tables, nothing evaluated
     monkeypatch.setattr("lpes_nb.evaluation.fitness.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
     monkeypatch.setattr("lpes_nb.studies.position_map.evaluate_samples", lambda *a, **k: pytest.fail("a stored study must not evaluate"))
     again = lpes_at_power.study("smoke-all", progress=False)
-    for table in ("claims", "families", "transfer"):
+    for table in ("claims", "families", "transfer", "in_domain"):
         pd.testing.assert_frame_equal(again[table], found[table], check_dtype=False)
     _profile_for(monkeypatch, "smoke-all", **settings | dict(test_records=(("LPES", 3), ("PI", 3))))
     with pytest.raises(ValueError, match=r"holds \{.*'LPES': 2.*records per method, the profile 'smoke-all' asks for \{'LPES': 3, 'PI': 3\}"):

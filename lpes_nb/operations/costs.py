@@ -346,6 +346,10 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
         for method in ("LPES", "PI"):
             add(f"test: {method} (searched on {dataset})", sizes[method] * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
                 per_prompt((True, "generate")))
+    for dataset, n in s.in_domain:  # the curve on its own dataset's test part (KV prompts: no CPU rate measured on them)
+        for method in ("baseline", "LPES", "PI"):
+            add(f"test on {dataset}: {method}", n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
+                tokens=splits.FILES[dataset][1] * KV_TOKENS_PER_PAIR)
     return pd.DataFrame(rows)
 
 

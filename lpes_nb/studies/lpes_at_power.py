@@ -280,12 +280,12 @@ def reference_moice_for_test(model, tokenizer, model_name: str, profile: str = "
 
 
 def methods_for_test(chosen: list[float], names, searched_on: str = DATASET,
-                     moice: Mapping[str, MoICE] | None = None) -> dict[str, Method | None]:
+                     moice: Mapping[str, MoICE] | None = None, tested_on: str = DATASET) -> dict[str, Method | None]:
     """The test's methods by label (``None``: the unmodified model): LPES with the chosen curve, PI with
     its mean scale (the twin), each trained MoICE of :data:`TRAINED_MOICE` from ``moice`` (label ->
     method: :func:`reference_moice_for_test`, :func:`moice_for_test`), its untrained mixture, Ms-PoE's
     parts (:data:`MS_POE_PARTS`), the others from the benchmark registry. A curve searched on another
-    dataset (the transfer test) labels LPES and its twin "LPES (searched on kv75)" and so on."""
+    dataset than ``tested_on`` (the transfer test) labels LPES and its twin "LPES (searched on kv75)" and so on."""
     unknown = sorted(set(names) - set(TEST_METHODS) - {"baseline"})
     if unknown:
         raise ValueError(f"unknown test method(s) {unknown}; choose from {['baseline', *TEST_METHODS]}")
@@ -294,7 +294,7 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET,
         if name not in moice or not moice[name].trained:
             raise ValueError(f"{name} needs a router trained on this model: pass moice={{{name!r}: ...}} "
                              "(reference_moice_for_test / moice_for_test)")
-    suffix = "" if searched_on == DATASET else f"{SEARCHED_ON}{searched_on})"
+    suffix = "" if searched_on == tested_on else f"{SEARCHED_ON}{searched_on})"
     return {name + (suffix if name in ("LPES", "PI") else ""): test_method(name, chosen, moice) for name in names}
 
 
@@ -311,7 +311,7 @@ def test_method(name: str, chosen: list[float], moice: Mapping[str, MoICE]) -> M
 
 
 def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Method | None], records: dict[str, int],
-                     items: int | None = None) -> None:
+                     items: int | None = None, dataset: str = DATASET) -> None:
     """Refuse a method that leaves every one of its test prompts as the unmodified model reads it:
     Dynamic NTK where the longest prompt is inside the window it grows from (transformers' dynamic RoPE
     keeps the trained base there; MDQA-20's ~3k tokens are inside every window here). Its rows would be
@@ -319,7 +319,7 @@ def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Metho
     for label, method in methods.items():
         if not isinstance(method, DynamicNTK):
             continue
-        samples = at_positions(TaskConfig.from_split(DATASET, "test", records[label], num_items=items)).samples()  # as the test's
+        samples = at_positions(TaskConfig.from_split(dataset, "test", records[label], num_items=items)).samples()  # as the test's
         longest = max(len(encode(tokenizer, sample)) for sample in samples)
         if method.specs(model, longest, None) is None:
             window = method.original_max_positions or model.config.max_position_embeddings
@@ -331,9 +331,10 @@ def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Metho
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
                   records: dict[str, int], profile: str = "cpu", batch_size: int = 8, items: int = 20,
-                  progress: bool = True, block: int = 20) -> dict[str, pd.DataFrame]:
-    """Each method's positional rows on the first ``records[label]`` records of the test part (the
-    baseline, unless named, on the most any method takes), computed where not stored. Computed
+                  progress: bool = True, block: int = 20, dataset: str = DATASET) -> dict[str, pd.DataFrame]:
+    """Each method's positional rows on the first ``records[label]`` records of ``dataset``'s test part
+    (``items``: documents or pairs per prompt; the baseline, unless named, on the most any method takes),
+    computed where not stored. Computed
     ``block`` records at a time, every method on a block before the next block: the test runs over
     several sittings, and a run stopped part-way leaves all methods on the same first records
     (paired), not the first method on all of its records and the others on none."""
@@ -341,8 +342,8 @@ def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[s
         raise ValueError(f"block must be a whole number of records >= 1, got {block!r}")
     sizes = dict(records)
     sizes.setdefault("baseline", max(sizes.values()))
-    task = splits.FILES[DATASET][0]
-    ids = splits.records(DATASET, "test", max(sizes.values()))
+    task = splits.FILES[dataset][0]
+    ids = splits.records(dataset, "test", max(sizes.values()))
 
     def cell(name: str, chosen: list[int], bar: bool) -> pd.DataFrame:
         return record_cell(model, tokenizer, model_name, dtype, task, items, chosen, batch_size, profile, bar, method=methods[name])
@@ -387,10 +388,11 @@ PAPER_NAMES = {"baseline": "Baseline", "LPES": "LPES (Ours)", "PI": "Positional 
                "Attention Buckets": "Attention Buckets", "MoICE": "MoICE"}  # ours -> the table's
 
 
-def table1(cells: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def table1(cells: dict[str, pd.DataFrame], task: str = "mdqa") -> pd.DataFrame:
     """LPES Table 1's layout: accuracy (%) at the five relative gold positions and their average, one
     row per method; ours (``source`` "ours", with the records each stands on) above the paper's Qwen
-    rows for the methods both have."""
+    rows for the methods both have, on MDQA only (its KV rows stand at six other positions, 0, 0.2 … 1,
+    and at another number of pairs)."""
     positions = list(RELATIVE_POSITIONS)
     rows = []
     for name, cell in cells.items():
@@ -398,7 +400,7 @@ def table1(cells: dict[str, pd.DataFrame]) -> pd.DataFrame:
         rows.append({"source": "ours", "method": name, "records": int(cell["sample"].nunique()),
                      **{f"{p:g}": acc[p] for p in positions}, "average": acc.mean()})
     paper = pd.read_csv(PAPER_TABLE).query("model == @PAPER_MODEL and task == 'mdqa'")
-    for name in cells:
+    for name in cells if task == "mdqa" else []:
         if name in PAPER_NAMES:
             acc = paper[paper["method"] == PAPER_NAMES[name]].set_index("relative_position")["accuracy_percent"].reindex(positions)
             rows.append({"source": f"LPES Table 1, {PAPER_MODEL}", "method": name, "records": 500,
@@ -456,9 +458,12 @@ def withdrawn_claims(profile: str, model_name: str, dtype: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _paths(plan: Plan, model_name: str, dtype: str) -> dict[str, Path]:
+def _paths(plan: Plan, model_name: str, dtype: str, tested_on: str = DATASET) -> dict[str, Path]:
+    """The plan's stored tables; its test's on ``tested_on``'s test part (MDQA-20's keep their first names)."""
     folder = output_dir("results", plan.profile) / "lpes_at_power"
-    paths = {name: folder / f"{name}_{plan.label}_{model_name}_{dtype}.csv" for name in ("convergence", "validation", "test_differences", "table1", "claims")}
+    test = plan.label if tested_on == DATASET else f"{plan.label}_tested_on_{tested_on}"
+    paths = {name: folder / f"{name}_{plan.label}_{model_name}_{dtype}.csv" for name in ("convergence", "validation")}
+    paths |= {name: folder / f"{name}_{test}_{model_name}_{dtype}.csv" for name in ("test_differences", "table1", "claims")}
     return paths | {"chosen": folder / f"chosen_scales_{plan.label}_{model_name}_{dtype}.json"}
 
 
@@ -473,18 +478,22 @@ def run_validation(model, tokenizer, model_name: str, plan: Plan, seeds, top: in
 
 
 def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int], searched_on: str = DATASET,
-             router: Training = CPU.router, progress: bool = True) -> dict[str, pd.DataFrame]:
+             router: Training = CPU.router, progress: bool = True, tested_on: str = DATASET) -> dict[str, pd.DataFrame]:
     """The test step: the curve chosen on ``searched_on``'s validation (read back from its export, on
-    this model only), the baseline and every method of ``sizes`` (label -> records of MDQA-20's test
-    part) answered record by record (the plan's documents per prompt), compared paired; the tables
-    ``test_differences``, ``table1`` and ``claims`` written (named by the search that chose the curve:
-    a transfer test never overwrites the in-domain one) and returned. ``test_differences`` holds
-    accuracy, accuracy on the answers' first :data:`SHORT_WORDS` words (the length check) and the gold
-    log-prob; the claims are read on accuracy, the paper's metric."""
+    this model only), the baseline and every method of ``sizes`` (label -> records of ``tested_on``'s
+    test part) answered record by record (MDQA: the plan's documents per prompt; KV: the file's pairs),
+    compared paired; the tables ``test_differences``, ``table1`` and ``claims`` written (named by the
+    search that chose the curve and where it was tested: a transfer test never overwrites the in-domain
+    one) and returned. ``test_differences`` holds accuracy, the gold log-prob and, on MDQA, accuracy on
+    the answers' first :data:`SHORT_WORDS` words (the length check); the claims are read on accuracy,
+    the paper's metric. Off MDQA-20 (the in-domain KV test) only LPES and its PI twin are tested."""
     if plan.space != "bezier":
         raise ValueError("the test takes a Bézier search's chosen curve; the curve families are compared on validation")
+    task = splits.FILES[tested_on][0]
+    if tested_on != DATASET and set(sizes) - {"LPES", "PI"}:
+        raise ValueError(f"the test on {tested_on} compares LPES with its PI twin and the baseline, got {sorted(sizes)}")
     dtype = dtype_name(model.dtype)
-    paths = _paths(replace(plan, dataset=searched_on), model_name, dtype)
+    paths = _paths(replace(plan, dataset=searched_on), model_name, dtype, tested_on)
     if not paths["chosen"].exists():
         raise FileNotFoundError(f"no chosen curve at {paths['chosen']}: run the validate step of the {searched_on} search")
     chosen = read_scales(paths["chosen"], model=model_identity(model, model_name))["scales"]
@@ -495,13 +504,17 @@ def run_test(model, tokenizer, model_name: str, plan: Plan, sizes: dict[str, int
     if PER_HEAD_MOICE in sizes:
         moice[PER_HEAD_MOICE] = moice_for_test(model, tokenizer, model_name, plan.profile, RouterTraining.of(router),
                                                items=plan.items, progress=progress)
-    methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice)
+    methods = methods_for_test(chosen, ["baseline", *sizes], searched_on, moice, tested_on)
     labelled = {label: sizes[_base(label)] for label in methods if label != "baseline"}
-    refuse_unchanged(model, tokenizer, model_name, methods, labelled, plan.items)
-    cells = with_short_answers(cells_on_test(model, tokenizer, model_name, dtype, methods, labelled, plan.profile, plan.batch_size,
-                                             plan.items or splits.FILES[DATASET][1], progress))
-    differences = pd.concat([differences_on_test(cells, value) for value in ("correct", SHORT, "gold_logprob")], ignore_index=True)
-    layout = table1(cells)
+    items = plan.items if task == "mdqa" else None  # a KV record's prompt holds all its pairs
+    refuse_unchanged(model, tokenizer, model_name, methods, labelled, items, tested_on)
+    cells = cells_on_test(model, tokenizer, model_name, dtype, methods, labelled, plan.profile, plan.batch_size,
+                          items or splits.FILES[tested_on][1], progress, dataset=tested_on)
+    values = ("correct", "gold_logprob")
+    if task == "mdqa":
+        cells, values = with_short_answers(cells), ("correct", SHORT, "gold_logprob")
+    differences = pd.concat([differences_on_test(cells, value) for value in values], ignore_index=True)
+    layout = table1(cells, task)
     tables = {"test_differences": differences, "table1": layout, "claims": claims(layout, differences)}
     for name, frame in tables.items():
         write_csv(paths[name], frame)
@@ -548,16 +561,17 @@ def _searched_and_validated(model, tokenizer, profile: str, plan: Plan, progress
 
 
 def _tested(model, tokenizer, profile: str, plan: Plan, sizes: dict[str, int], searched_on: str, progress: bool,
-            pending: list[str], can_run: bool) -> dict:
+            pending: list[str], can_run: bool, tested_on: str = DATASET) -> dict:
     """The test of the curve chosen on ``searched_on`` (tables read back, or run when ``can_run`` and the
     profile computes). Tables of some of the methods (the test runs over several sittings: LPES and its
     twin first) are read back with the rest named pending; refused when a stored method stands on
     other record counts than ``sizes`` asks, or is not asked for."""
     s = named_profile(profile).lpes_at_power
-    paths = _paths(replace(plan, dataset=searched_on), s.model, dtype_name(model.dtype))
-    transfer = "" if searched_on == DATASET else f" --searched-on {searched_on}"
-    command = f"lpes lpes-at-power test --profile {profile} --methods {shlex.join(sizes)}{transfer}"
-    what = f"test{' of the curve searched on ' + searched_on if transfer else ''}"
+    paths = _paths(replace(plan, dataset=searched_on), s.model, dtype_name(model.dtype), tested_on)
+    where = (f" --tested-on {tested_on}" if tested_on != DATASET else "") + (f" --searched-on {searched_on}" if searched_on != tested_on else "")
+    command = f"lpes lpes-at-power test --profile {profile} --methods {shlex.join(sizes)}{where}"
+    what = ("test" + (f" of the curve searched on {searched_on}" if searched_on != tested_on else "")
+            + (f" on {tested_on}'s test part" if tested_on != DATASET else ""))
     if paths["claims"].exists():
         found = {name: pd.read_csv(paths[name]) for name in ("table1", "test_differences", "claims")}
         ours = found["table1"][found["table1"]["source"] == "ours"].set_index("method")["records"].astype(int).to_dict()
@@ -570,7 +584,7 @@ def _tested(model, tokenizer, profile: str, plan: Plan, sizes: dict[str, int], s
             pending.append(f"{what} of {', '.join(missing)} (the tables hold {', '.join(stored)}): {command}")
         return found
     if not s.read_only and can_run:
-        return run_test(model, tokenizer, s.model, plan, sizes, searched_on, s.router, progress)
+        return run_test(model, tokenizer, s.model, plan, sizes, searched_on, s.router, progress, tested_on)
     pending.append(f"{what}: {command}")
     return {}
 
@@ -596,7 +610,8 @@ def study(profile: str, progress: bool = True) -> dict:
     ``families`` (on the validation records, paired: the Bézier curve and each other family validated so
     far against the unmodified model, and the others against Bézier; their chosen scales in
     ``family_curves``) and ``transfer`` (each transfer search's chosen curve tested on MDQA-20: its
-    claims, ``searched_on`` naming where); ``pending``: the steps not yet run, each with the command
+    claims, ``searched_on`` naming where), ``in_domain`` (each ``in_domain`` dataset's chosen curve tested
+    on its own test part: its claims, ``tested_on`` naming where); ``pending``: the steps not yet run, each with the command
     that runs it. A profile that
     computes runs (or resumes) every step; a ``read_only`` one (``cpu``: hours of background runs) reads
     what the store holds and computes nothing. A stored table made under other settings than the
@@ -620,14 +635,15 @@ def study(profile: str, progress: bool = True) -> dict:
     if "bezier" in curves:  # against the unmodified model at once; the other families join as they are validated
         found |= {"family_curves": curves, "families": families(model, tokenizer, s.model, curves, plan, s.validation_records)}
     twins = {m: sizes[m] for m in ("LPES", "PI")}
-    transfers = []
-    for dataset in s.transfer:
-        chosen = "validation" in _searched_and_validated(model, tokenizer, profile, Plan.of(profile, dataset), progress, pending)
-        tested = _tested(model, tokenizer, profile, plan, twins, dataset, progress, pending, chosen)
-        if tested:
-            transfers.append(tested["claims"].assign(searched_on=dataset))
-    if transfers:
-        found["transfer"] = pd.concat(transfers, ignore_index=True)
+    chosen = {dataset: "validation" in _searched_and_validated(model, tokenizer, profile, Plan.of(profile, dataset), progress, pending)
+              for dataset in s.transfer}
+    for key, column, tests in (
+            ("transfer", "searched_on", [(dataset, twins, DATASET) for dataset in s.transfer]),
+            ("in_domain", "tested_on", [(dataset, {"LPES": n, "PI": n}, dataset) for dataset, n in s.in_domain])):
+        tables = [tested["claims"].assign(**{column: dataset}) for dataset, records, tested_on in tests
+                  if (tested := _tested(model, tokenizer, profile, plan, records, dataset, progress, pending, chosen[dataset], tested_on))]
+        if tables:
+            found[key] = pd.concat(tables, ignore_index=True)
     withdrawn = withdrawn_claims(profile, s.model, dtype_name(model.dtype))
     if len(withdrawn):
         found["withdrawn"] = withdrawn
@@ -699,6 +715,11 @@ def conclusion(found: dict, profile: str) -> str:
         lines.append(f"- **Transfer, {r.method} − {r.reference}** (MDQA-20 test, accuracy averaged over the 5 gold positions): "
                      f"{r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, {mde}, Holm p = "
                      f"{r.p_holm:.3g}: **{r.verdict}**.")
+    for r in found.get("in_domain", pd.DataFrame()).itertuples():
+        mde = f"MDE {r.mde_points:.1f}" if np.isfinite(r.mde_points) else "no MDE (no record differs)"
+        lines.append(f"- **In-domain {r.tested_on.upper()} test, {r.method} − {r.reference}** (its own test part, accuracy averaged "
+                     f"over the 5 gold positions): {r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n} records, "
+                     f"{mde}, Holm p = {r.p_holm:.3g}: **{r.verdict}**.")
     for dataset, rows in found.get("withdrawn", pd.DataFrame(columns=["searched_on"])).groupby("searched_on", sort=False):
         claims = "; ".join(f"{r.method} − {r.reference} {r.points:+.1f} points [{r.ci_low:+.1f}, {r.ci_high:+.1f}], n = {r.n}"
                            for r in rows.itertuples())
@@ -718,8 +739,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--space", default="bezier", choices=SPACES, help="search and validation: the curve family")
     parser.add_argument("--methods", nargs="+", default=["LPES", "PI"], help=f"test: of {list(TEST_METHODS)} (the baseline always)")
     parser.add_argument("--records", type=int, help="test: records of the test part for every named method (default: the profile's)")
-    parser.add_argument("--searched-on", default=DATASET, choices=sorted(splits.FILES),
-                        help="test: take the curve chosen on this dataset's search (another than MDQA-20: the transfer test)")
+    parser.add_argument("--searched-on", choices=sorted(splits.FILES),
+                        help="test: take the curve chosen on this dataset's search (default: where it is tested; another than "
+                             "MDQA-20, tested on MDQA-20: the transfer test)")
+    parser.add_argument("--tested-on", default=DATASET, choices=sorted(splits.FILES),
+                        help="test: on this dataset's test part (another than MDQA-20: the in-domain test of the profile's in_domain)")
     parser.add_argument("--model", help="default: the profile's")
     parser.add_argument("--dtype", help="default: the profile's")
     parser.add_argument("--batch-size", type=int, help="default: the profile's")
@@ -753,8 +777,14 @@ def main(argv: list[str] | None = None) -> None:
         unknown = sorted(set(args.methods) - set(TEST_METHODS))
         if unknown:
             raise ValueError(f"unknown test method(s) {unknown}; choose from {list(TEST_METHODS)}")
-        planned = dict(s.test_records)
-        sizes = {m: args.records or planned.get(m) or max(planned.values()) for m in args.methods}
-        tables = run_test(model, tokenizer, name, plan, sizes, args.searched_on, s.router)
+        if args.tested_on == DATASET:
+            planned = dict(s.test_records)
+            sizes = {m: args.records or planned.get(m) or max(planned.values()) for m in args.methods}
+        elif args.records or args.tested_on in dict(s.in_domain):
+            sizes = {m: args.records or dict(s.in_domain)[args.tested_on] for m in args.methods}
+        else:
+            raise ValueError(f"--tested-on {args.tested_on}: the profile {args.profile!r} plans no test there "
+                             f"(its in_domain: {s.in_domain}); name --records")
+        tables = run_test(model, tokenizer, name, plan, sizes, args.searched_on or args.tested_on, s.router, tested_on=args.tested_on)
         print(tables["table1"].round(1).to_string(index=False))
         print(tables["claims"].round(3).to_string(index=False))

@@ -152,7 +152,8 @@ class RegimeSearch:
 
 
 class _Checked:
-    """Positive numbers and non-empty tuples of them, as annotated, for every field."""
+    """Positive numbers and non-empty tuples of them, as annotated, for every field (a tuple whose
+    default is empty may be empty)."""
 
     def __post_init__(self):
         hints = typing.get_type_hints(type(self))
@@ -165,7 +166,7 @@ class _Checked:
             elif typing.get_origin(hint) is tuple:
                 kind = typing.get_origin(typing.get_args(hint)[0]) or typing.get_args(hint)[0]
                 numeric = kind in (int, float)
-                if (not isinstance(value, tuple) or not value
+                if (not isinstance(value, tuple) or (not value and f.default != ())
                         or not all(isinstance(v, kind) and not isinstance(v, bool) and (not numeric or v >= 0) for v in value)):
                     what = f"non-negative {kind.__name__}s" if numeric else f"{kind.__name__}s"
                     raise ValueError(f"{where} must be a non-empty tuple of {what}, got {value!r}")
@@ -315,7 +316,9 @@ class LpesAtPower(_Checked):
     ``spaces``: the curve families searched and validated on MDQA-20 at the same GA and seeds (Bézier,
     the test's, first); ``transfer``: the other datasets of the split searched and validated alike, each
     one's chosen curve tested on MDQA-20's test part with its PI twin on LPES's records (a cross-task transfer
-    the paper does not report: its Table 2 carries MDQA-searched scales to ZeroSCROLLS and L-Eval).
+    the paper does not report: its Table 2 carries MDQA-searched scales to ZeroSCROLLS and L-Eval);
+    ``in_domain``: (dataset, records) of those whose chosen curve is also tested on their own test part,
+    the baseline, LPES and its PI twin on that many records (KV-75: where the map's accuracy U is deepest).
     ``read_only``: the notebook reads what the store holds (the search's checkpoints, the validation
     and test tables written by ``lpes lpes-at-power``, hours of background CPU) and names
     each step not yet run, computing nothing; otherwise it runs (or resumes) every step."""
@@ -333,6 +336,7 @@ class LpesAtPower(_Checked):
     batch_size: int = 8
     spaces: tuple[str, ...] = SPACES
     transfer: tuple[str, ...] = ("kv75",)
+    in_domain: tuple[tuple[str, int], ...] = ()
     read_only: bool = False
 
     def __post_init__(self):
@@ -363,6 +367,11 @@ class LpesAtPower(_Checked):
         if len(set(self.transfer)) != len(self.transfer) or not set(self.transfer) <= set(others):
             raise ValueError(f"LpesAtPower.transfer must be distinct datasets of {others} (searched there, tested on MDQA-20), "
                              f"got {self.transfer!r}")
+        for pair in self.in_domain:
+            if (len(pair) != 2 or pair[0] not in self.transfer or isinstance(pair[1], bool) or not isinstance(pair[1], int)
+                    or not 1 <= pair[1] <= dict(SIZES[pair[0]][1])["test"]):
+                raise ValueError(f"LpesAtPower.in_domain: each entry is (a dataset of transfer {self.transfer}, records in [1, its "
+                                 f"test part's size]), got {pair!r}")
         if not {"LPES", "PI"} <= dict(self.test_records).keys():
             raise ValueError(f"LpesAtPower.test_records must test LPES and its PI twin, got {self.test_records!r}")
 
@@ -420,6 +429,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                   ga=GAConfig(population=4, parents=2, mutations=1, crossovers=1, generations=1), seeds=(0, 1),
                                   search_records=1, finalists=2, validation_records=3,
                                   test_records=(("LPES", 3), ("PI", 3), ("Ms-PoE", 2), ("MoICE (per-head router, task-trained)", 2)),
+                                  in_domain=(("kv75", 2),),
                                   router=Training(steps=2, batch_size=2, lr=3e-3), items=5),
     ),
     # SmolLM2 at 10 pairs: among the sizes where the middle and the end stay above the floor while the
@@ -507,6 +517,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                 ("MoICE", 100), ("MoICE (untrained)", 100)),
                                   # the per-head router: notebook 6's recipe (model frozen), on the search records'
                                   # answers; MoICE itself is trained as its authors' script trains it (its micro-batch this one's)
+                                  # the KV-75 curve on KV-75's own test part, where the map's accuracy U is deepest
+                                  in_domain=(("kv75", 150),),
                                   router=Training(steps=30, batch_size=4, lr=3e-3, micro_batch=1), read_only=True),
     ),
     Profile(
