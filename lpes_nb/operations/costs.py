@@ -43,7 +43,7 @@ from ..evaluation.training import frozen
 from ..store import splits
 from ..store.models import model_from_config, tiny_config
 from ..store.results import project_root, write_csv, write_json
-from ..studies.lpes_at_power import PER_HEAD_MOICE, TRAINED_MOICE, test_method
+from ..studies.lpes_at_power import PER_HEAD_MOICE, TRAINED_MOICE, method_for_test
 from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS, record_settings
 from ..studies.profiles import Profile, profile
 from ..studies.regime_search import TRANSFER
@@ -339,7 +339,7 @@ def lpes_at_power_plan(p: Profile, gpu: Gpu | None = None, cpu: dict | None = No
         add("test: MoICE's router (as published)", 3 * reference.steps * reference.batch_size, 0, tokens=reference.tokens)
     untrained = {name: MoICE() for name in TRAINED_MOICE}  # for the path each takes (MoICE never shares a prefix)
     for method, n in {"baseline": max(sizes.values()), **sizes}.items():
-        shares = method == "baseline" or test_method(method, list(np.ones(shape.layers)), untrained).shares_prefix
+        shares = method == "baseline" or method_for_test(method, list(np.ones(shape.layers)), untrained).shares_prefix
         add(f"test: {method}", PASSES.get(method, 1) * n * len(RELATIVE_POSITIONS), ORIGINAL_ANSWER_TOKENS,
             per_prompt((True, "generate")) if shares else per_prompt((False, "generate"), (False, "score")))
     for dataset in s.transfer:  # the transferred curve and its PI twin on LPES's test records

@@ -295,10 +295,10 @@ def methods_for_test(chosen: list[float], names, searched_on: str = DATASET,
             raise ValueError(f"{name} needs a router trained on this model: pass moice={{{name!r}: ...}} "
                              "(reference_moice_for_test / moice_for_test)")
     suffix = "" if searched_on == tested_on else f"{SEARCHED_ON}{searched_on})"
-    return {name + (suffix if name in ("LPES", "PI") else ""): test_method(name, chosen, moice) for name in names}
+    return {name + (suffix if name in ("LPES", "PI") else ""): method_for_test(name, chosen, moice) for name in names}
 
 
-def test_method(name: str, chosen: list[float], moice: Mapping[str, MoICE]) -> Method | None:
+def method_for_test(name: str, chosen: list[float], moice: Mapping[str, MoICE]) -> Method | None:
     """The test's method labelled ``name`` (:func:`methods_for_test`, which checks the label and that each
     trained MoICE is in ``moice``)."""
     if name == "baseline":

@@ -515,10 +515,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                 ("CALIOPE-Moses", 150), ("CALIOPE-Hourglass", 150), ("CALIOPE-Decay", 150),
                                                 ("Attention Buckets", 100), ("MoICE (per-head router, task-trained)", 100),
                                                 ("MoICE", 100), ("MoICE (untrained)", 100)),
-                                  # the per-head router: notebook 6's recipe (model frozen), on the search records'
-                                  # answers; MoICE itself is trained as its authors' script trains it (its micro-batch this one's)
                                   # the KV-75 curve on KV-75's own test part, where the map's accuracy U is deepest
                                   in_domain=(("kv75", 150),),
+                                  # the per-head router: notebook 6's recipe (model frozen), on the search records'
+                                  # answers; MoICE itself is trained as its authors' script trains it (its micro-batch this one's)
                                   router=Training(steps=30, batch_size=4, lr=3e-3, micro_batch=1), read_only=True),
     ),
     Profile(
