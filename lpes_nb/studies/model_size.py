@@ -73,10 +73,11 @@ def size_conclusion(table: pd.DataFrame) -> str:
         name, scale, unit = SCORES[value]
         rows = rows.set_index("position")
         n = int(rows["n"].iloc[0])
+
         def said(row) -> str:
             word = verdict_word(row.difference, row.ci_low, row.ci_high, row.p_holm, row.mde, unit=scale, digits=1, suffix=f" {unit}")
             return (f"{scale * row.difference:+.1f} {unit} [{scale * row.ci_low:+.1f}, {scale * row.ci_high:+.1f}], "
-                    f"Holm p {row.p_holm:.3f}: {word}")
+                    f"Holm p {row.p_holm:.3g}: {word}")  # 3 significant digits: 0.0498 must not print as 0.050
         shape = rows.loc["ends − middle"]
         deficit = ("deeper in the larger model" if shape.verdict.startswith("higher")
                    else "shallower in the larger model" if shape.verdict.startswith("lower")
