@@ -15,7 +15,7 @@ from lpes_nb.studies.benchmarks import (
 from lpes_nb.core.methods import Caliope
 from lpes_nb.core.rope import dynamic_ntk_base
 from lpes_nb.evaluation.fitness import position_tables
-from lpes_nb.evaluation.moice import MoICE
+from lpes_nb.evaluation.moice import PER_HEAD_MOICE, UNTRAINED_MOICE, MoICE
 from tests.test_methods import SAMPLES
 
 
@@ -36,7 +36,18 @@ def test_a_trained_router_changes_the_cache_key(tiny_llama):
     b = MoICE()
     b.router = b.new_router(tiny_llama, seed=1)
     assert method_key(a) != method_key(b) and method_key(a).startswith("MoICE(")
-    assert "MoICE" in compared_methods([1.0] * 4, a)
+
+
+def test_a_moice_row_names_the_router_that_ran(tiny_llama):
+    """Only the published router carries the paper's name (issue #100): this workbook's per-head router and
+    the uniform mixture say what they are, and a stored reference recipe does before its weights load."""
+    per_head = MoICE(router=MoICE().new_router(tiny_llama))
+    reference = MoICE(router=MoICE().new_reference_router(tiny_llama))
+    stored = MoICE(train=lambda: None, reference=True)
+    assert [m.label for m in (per_head, reference, stored, MoICE())] == [PER_HEAD_MOICE, "MoICE", "MoICE", UNTRAINED_MOICE]
+    labels = list(compared_methods([1.0] * 4, per_head))
+    assert PER_HEAD_MOICE in labels and "MoICE" not in labels
+    assert "MoICE" in compared_methods([1.0] * 4, reference)
 
 
 def test_benchmark_tables_are_cached_per_method(tiny_llama, tokenizer, tmp_path, monkeypatch):
@@ -110,6 +121,20 @@ def test_methods_past_the_window_are_left_out_loudly(tiny_llama, tokenizer, caps
     printed = capsys.readouterr().out
     assert "CALIOPE-Moses left out" in printed and "CALIOPE-Decay left out" in printed and "window of 2048" in printed
 
+
+
+def test_a_method_that_is_the_baseline_on_these_prompts_is_named_with_why(tiny_llama, tokenizer):
+    """Dynamic NTK inside the window it grows from keeps the trained base (issue #99): named, with the
+    longest prompt and the window; below that window, and for every other method, not."""
+    from lpes_nb.core.methods import Baseline, DynamicNTK, pi
+    from lpes_nb.evaluation.tasks import TaskConfig
+
+    samples = TaskConfig("kv", 10, n=1, key_format="letters6", value_format="digits4").samples()
+    longest = max(len(tokenizer(s.prompt).input_ids) for s in samples)
+    methods = {"baseline": Baseline(), "PI": pi([1.5] * 4), "Dynamic NTK": DynamicNTK(), "short window": DynamicNTK(original_max_positions=16)}
+    why = benchmarks.unchanged(tiny_llama, tokenizer, samples, methods)
+    assert why == {"Dynamic NTK": f"the longest prompt, {longest:,} tokens, is inside the 2,048-token window it grows from, "
+                                  "where transformers' dynamic RoPE keeps the trained base"}
 
 def test_method_tables_on_two_local_workers_equal_one_process(tiny_llama, tokenizer, tmp_path, monkeypatch):
     """A benchmark's per-method tables computed by two spawned workers (each building the model and

@@ -212,17 +212,26 @@ def test_split_half_reliability_tells_signal_from_sampling_noise():
 
 def test_a_method_identical_to_its_reference_is_said_to_be_without_an_interval():
     """Issue #99: Dynamic NTK inside the trained window changes nothing; its rows are the baseline's and
-    read "identical to the baseline", not a difference with an interval."""
-    from lpes_nb.evaluation.fitness import difference_text, paired_fitness_difference
+    read "identical to the baseline", not a difference with an interval — also where another evaluation
+    path's rounding moved its log-probabilities, but never where an outcome differs."""
+    from lpes_nb.evaluation.fitness import difference_text, paired_differences, paired_fitness_difference
 
-    rows = [{"method": m, "sample": s, "position": p, "correct": float((s + p) % 3 == 0), "gold_logprob": -1.0 - s * 0.1 - p}
-            for m in ("baseline", "Dynamic NTK") for s in range(6) for p in (0, 4, 9)]
+    rows = [{"method": m, "sample": s, "position": p, "correct": float((s + p + (m == "PI")) % 3 == 0), "gold_logprob": -1.0 - s * 0.1 - p}
+            for m in ("baseline", "Dynamic NTK", "PI") for s in range(6) for p in (0, 4, 9)]
     per_sample = pd.DataFrame(rows)
     same = paired_fitness_difference(per_sample, "Dynamic NTK", "baseline")
     assert same["identical"] and same["difference"] == 0
     text = difference_text(same)
-    assert "identical to the baseline** (prompt inside the trained window" in text and "[" not in text
+    assert "identical to the baseline**: every answer and gold log-probability of the 6 records" in text and "[" not in text
     nudged = per_sample.assign(gold_logprob=per_sample["gold_logprob"].where(
         (per_sample.method == "baseline") | (per_sample["sample"] != 2), -7.0))  # same answers, another log-prob
     changed = paired_fitness_difference(nudged, "Dynamic NTK", "baseline")
     assert not changed["identical"] and "identical" not in difference_text(changed)
+    why = "the longest prompt, 90 tokens, is inside the 2,048-token window it grows from"
+    rounded = paired_differences(nudged, ("baseline", "PI"), unchanged={"Dynamic NTK": why}).set_index(["method", "reference"])
+    text = difference_text(rounded.loc[("Dynamic NTK", "baseline")].to_dict() | {"method": "Dynamic NTK", "reference": "baseline"})
+    assert f"**identical to the baseline** ({why}): it changes nothing" in text and "[" not in text
+    assert not rounded.loc[("Dynamic NTK", "PI"), "identical"] and not rounded.loc[("PI", "baseline"), "identical"]
+    flipped = nudged.assign(correct=nudged["correct"].where((nudged.method == "baseline") | (nudged["sample"] != 1), 1 - nudged["correct"]))
+    moved = paired_fitness_difference(flipped, "Dynamic NTK", "baseline", unchanged=why)
+    assert not moved["identical"] and moved["unchanged"] is None and "[" in difference_text(moved)

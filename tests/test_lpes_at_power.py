@@ -379,6 +379,10 @@ def test_moice_as_published_is_trained_once_on_general_text_and_tested_by_its_re
     assert all(torch.equal(a, b) for a, b in zip(again.router.state_dict().values(), moice.router.state_dict().values()))
     methods = lpes_at_power.methods_for_test([1.0] * model.config.num_hidden_layers, ["MoICE"], moice={"MoICE": again})
     assert methods["MoICE"] is again
+    # a clone holds the JSON, not the weights: the recipe still names the published router
+    (tmp_path / "results" / "smoke" / "lpes_at_power" / "moice_reference_router_tiny-llama_float32.safetensors").unlink()
+    lazy = lpes_at_power.reference_moice_for_test(model, tokenizer, "tiny-llama", "smoke", budget, progress=False)
+    assert lazy.router is None and lazy.trained and moice.label == lazy.label == "MoICE"
 
 
 def test_a_search_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path):
@@ -613,8 +617,8 @@ def test_the_test_refuses_dynamic_ntk_where_every_prompt_is_inside_its_window():
     model, tokenizer = load_model("tiny-llama"), load_tokenizer("tiny-llama")
     window = model.config.max_position_embeddings
     inside = lpes_at_power.methods_for_test([1.0] * model.config.num_hidden_layers, ["baseline", "LPES", "Dynamic NTK"])
-    with pytest.raises(ValueError, match=rf"Dynamic NTK changes nothing on its 2 test records: the longest prompt has \d+ tokens, "
-                                         rf"inside the {window}-token window it grows from on tiny-llama"):
+    with pytest.raises(ValueError, match=rf"Dynamic NTK changes nothing on its 2 test records on tiny-llama: the longest prompt, "
+                                         rf"\d+ tokens, is inside the {window:,}-token window it grows from"):
         lpes_at_power.refuse_unchanged(model, tokenizer, "tiny-llama", inside, {"LPES": 2, "Dynamic NTK": 2}, items=5)
     shorter = {**inside, "Dynamic NTK": DynamicNTK(original_max_positions=64)}  # 5-document prompts pass 64 tokens
     lpes_at_power.refuse_unchanged(model, tokenizer, "tiny-llama", shorter, {"LPES": 2, "Dynamic NTK": 2}, items=5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -73,16 +73,18 @@ def fitness_se(df: pd.DataFrame, lambdas: Sequence[float] = LAMBDAS) -> float:
 
 
 def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: str, lambdas: Sequence[float] = LAMBDAS,
-                              n_boot: int = 4000, seed: int = 0) -> dict:
+                              n_boot: int = 4000, seed: int = 0, unchanged: str | None = None) -> dict:
     """λ-fitness of ``method`` minus ``reference`` on the same records, with a 95 % bootstrap interval
     clustered by record: a record (``sample``) is drawn with all its gold positions and both methods'
     outcomes, since the same record appears at every position. Also the bootstrap SE, the minimum
     detectable effect at 80 % power (two-sided 5 %), and the number of records. Where no record's
     outcome differs the bootstrap has nothing to resample; the interval is then ±(the Wilson upper
     bound on the share of records that could differ, 0 of n), never [0, 0]. ``identical``: besides
-    every outcome, every gold log-probability and answer text the tables hold is the same: the
-    method changed nothing on these prompts (Dynamic NTK inside the trained window), which
-    :func:`difference_text` reports as such, without an interval."""
+    every outcome, every gold log-probability and answer text the tables hold is the same, which
+    :func:`difference_text` reports as such, without an interval. ``unchanged``: why the method leaves
+    every prompt as ``reference`` reads it, known from its definition (:func:`lpes_nb.studies.benchmarks.unchanged`:
+    Dynamic NTK inside the trained window); its rows, evaluated by another path, may differ from the
+    reference's by that path's rounding alone, so it is identical where every outcome is the same."""
     wide = per_sample.pivot_table(index=["sample", "position"], columns="method", values="correct").astype(float)
     missing = {method, reference} - set(wide.columns)
     if missing:
@@ -108,17 +110,23 @@ def paired_fitness_difference(per_sample: pd.DataFrame, method: str, reference: 
     both = per_sample[per_sample["method"].isin([method, reference])]
     sides = both.pivot_table(index=["sample", "position"], columns="method", values=same, aggfunc="first")
     identical = all(sides[(c, method)].equals(sides[(c, reference)]) for c in same)
+    if unchanged is not None and not identical:
+        identical = bool(np.nansum(np.abs(d)) == 0)
     return {"method": method, "reference": reference, "difference": point, "ci_low": low, "ci_high": high,
-            "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d), "identical": identical}
+            "se": se, "mde_80": minimum_detectable_effect(se), "records": len(d), "identical": identical,
+            "unchanged": unchanged if identical else None}
 
 
 def paired_differences(per_sample: pd.DataFrame, references: Sequence[str] = ("baseline", "PI"),
-                       lambdas: Sequence[float] = LAMBDAS) -> pd.DataFrame:
-    """:func:`paired_fitness_difference` of every other method against each reference present."""
+                       lambdas: Sequence[float] = LAMBDAS, unchanged: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """:func:`paired_fitness_difference` of every other method against each reference present;
+    ``unchanged``: the methods that leave every prompt as the baseline reads it, with why
+    (:func:`lpes_nb.studies.benchmarks.unchanged`), for their comparison with the baseline."""
     methods = list(dict.fromkeys(per_sample["method"]))
     refs = [r for r in references if r in methods]
+    unchanged = unchanged or {}
     # each pair once: a method compared with an earlier reference is not compared again the other way
-    rows = [paired_fitness_difference(per_sample, m, ref, lambdas)
+    rows = [paired_fitness_difference(per_sample, m, ref, lambdas, unchanged=unchanged.get(m) if ref == "baseline" else None)
             for k, ref in enumerate(refs) for m in methods if m != ref and m not in refs[:k]]
     return pd.DataFrame(rows)
 
@@ -289,18 +297,16 @@ class PositionFitness:
         return np.array(out)
 
 
-# why a method can be the identity on a study's prompts, by its label
-IDENTICAL_WHY = {"Dynamic NTK": "prompt inside the trained window: transformers' dynamic RoPE keeps the trained base there"}
-
-
 def difference_text(row) -> str:
     """One paired comparison (a row of :func:`paired_differences`) as Markdown: the difference with its
     record-clustered interval, the minimum detectable effect and the verdict the interval supports;
     a method identical to its reference on every record (``identical``) is said to be, without one."""
     if row.get("identical", False):
-        why = f" ({IDENTICAL_WHY[row['method']]})" if row["method"] in IDENTICAL_WHY else ""
-        return (f"{row['method']} vs {row['reference']}: **identical to the {row['reference']}**{why}: every answer and gold "
-                f"log-probability of the {int(row['records'])} records is the same, so no interval")
+        head = f"{row['method']} vs {row['reference']}: **identical to the {row['reference']}**"
+        if isinstance(row.get("unchanged"), str):
+            return (f"{head} ({row['unchanged']}): it changes nothing on these prompts, and every outcome of the "
+                    f"{int(row['records'])} records is the same (evaluated by another path, its rows differ at most by its rounding), so no interval")
+        return f"{head}: every answer and gold log-probability of the {int(row['records'])} records is the same, so no interval"
     verdict = ("better" if row["ci_low"] > 0 else "worse" if row["ci_high"] < 0
                else f"no effect of ≥ {row['mde_80']:.2f} resolved")
     return (f"{row['method']} vs {row['reference']}: Δλ {row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], "

@@ -38,6 +38,11 @@ from ..core.interventions import Interventions
 from ..core.methods import Method
 from ..core.rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
 from ..store.data import general_text
+
+# What a MoICE row is labelled by the router that ran (issue #100): the published one keeps the paper's name;
+# this workbook's per-head router, trained on the task's own records, and the uniform mixture say so.
+PER_HEAD_MOICE = "MoICE (per-head router, task-trained)"
+UNTRAINED_MOICE = "MoICE (untrained)"
 from ..store.results import cache_key, will_compute, write_json
 from ..system import footprint
 from ..system.files import atomic_write
@@ -140,12 +145,21 @@ class MoICE(Method):
     bases: Sequence[float] | None = None
     recipe: str | None = field(default=None, repr=False, compare=False)
     train: Callable[[], Router] | None = field(default=None, repr=False, compare=False)
+    reference: bool = field(default=False, repr=False, compare=False)  # a stored recipe's router kind, before its weights load
     name = "MoICE"
     shares_prefix = False  # its own attention function: not shown exact over a cropped cache, so not shared
 
     @property
     def trained(self) -> bool:
         return self.router is not None or self.train is not None
+
+    @property
+    def label(self) -> str:
+        """The name its rows carry: ``MoICE`` only for the published router (:class:`ReferenceRouter`),
+        :data:`PER_HEAD_MOICE` for this workbook's trained :class:`Router`, :data:`UNTRAINED_MOICE` without one."""
+        if not self.trained:
+            return UNTRAINED_MOICE
+        return "MoICE" if self.reference or isinstance(self.router, ReferenceRouter) else PER_HEAD_MOICE
 
     def model_bases(self, model) -> list[float]:
         return rescaled_bases(model, REFERENCE_BASES, self.bases, "MoICE")
@@ -367,6 +381,7 @@ def load_or_train(model, tokenizer, samples, budget: RouterTraining | ReferenceT
     else:
         method = MoICE(router=train())
     method.recipe = cache_key(**wanted)
+    method.reference = isinstance(budget, ReferenceTraining)
     return method
 
 

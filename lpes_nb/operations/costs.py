@@ -37,13 +37,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..evaluation.moice import MoICE, ReferenceTraining
+from ..evaluation.moice import PER_HEAD_MOICE, MoICE, ReferenceTraining
 from ..evaluation.tasks import ORIGINAL_ANSWER_TOKENS, TASKS
 from ..evaluation.training import frozen
 from ..store import splits
 from ..store.models import model_from_config, tiny_config
 from ..store.results import project_root, write_csv, write_json
-from ..studies.lpes_at_power import PER_HEAD_MOICE, TRAINED_MOICE, method_for_test
+from ..studies.lpes_at_power import TRAINED_MOICE, method_for_test
 from ..studies.position_map import KV_TOKENS_PER_PAIR, LENGTH_TASKS, MDQA_TOKENS_PER_DOC, RELATIVE_POSITIONS, record_settings
 from ..studies.profiles import Profile, profile
 from ..studies.regime_search import TRANSFER

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..evaluation.evaluate import evaluate_samples, record_groups, token_segments
+from ..evaluation.evaluate import encode, evaluate_samples, record_groups, token_segments
 from ..evaluation.fitness import difference_text
 from ..store.data import Sample
 from ..core.methods import (
@@ -56,11 +56,9 @@ METHODS: dict[str, Callable[[Sequence[float], MoICE | None], Method]] = {
 
 def compared_methods(scales: Sequence[float], moice: MoICE | None = None) -> dict[str, Method]:
     """Every registered method; LPES and PI from the searched ``scales``; MoICE with a trained router
-    if given, else its untrained (uniform) mixture, then named so."""
+    if given, else its untrained (uniform) mixture, named by the router that runs (:attr:`MoICE.label`)."""
     methods = {name: make(scales, moice) for name, make in METHODS.items()}
-    if not methods["MoICE"].trained:
-        methods = {("MoICE (untrained)" if k == "MoICE" else k): m for k, m in methods.items()}
-    return methods
+    return {(m.label if k == "MoICE" else k): m for k, m in methods.items()}
 
 
 def ms_poe_parts(ms_poe: MsPoE | None = None) -> dict[str, Method]:
@@ -98,6 +96,21 @@ def runnable(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, 
             continue
         kept[name] = method
     return kept
+
+
+def unchanged(model, tokenizer, samples: Sequence[Sample], methods: Mapping[str, Method | None], chat: bool = False) -> dict[str, str]:
+    """The methods that leave every prompt of ``samples`` as the unmodified model reads it, each with
+    why: Dynamic NTK where the longest prompt is inside the window it grows from (transformers' dynamic
+    RoPE keeps the trained base there). Their rows are the baseline's by definition, whatever the
+    rounding of the path that evaluated them (:func:`lpes_nb.evaluation.fitness.paired_differences`)."""
+    longest = max(len(encode(tokenizer, s, chat)) for s in samples)
+    why = {}
+    for name, method in methods.items():
+        if isinstance(method, DynamicNTK) and method.specs(model, longest, None) is None:
+            window = method.original_max_positions or model.config.max_position_embeddings
+            why[name] = (f"the longest prompt, {longest:,} tokens, is inside the {window:,}-token window it grows from, "
+                         "where transformers' dynamic RoPE keeps the trained base")
+    return why
 
 
 @dataclass(frozen=True)

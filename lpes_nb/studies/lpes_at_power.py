@@ -48,16 +48,15 @@ from tqdm.auto import tqdm
 
 from ..core.ga import GAConfig, GeneticSearch
 from ..core.methods import DynamicNTK, Method
-from ..evaluation.evaluate import encode
 from ..evaluation.fitness import PositionFitness
 from ..evaluation.metrics import mdqa_correct_within
-from ..evaluation.moice import MoICE, ReferenceTraining, RouterTraining, load_or_train
+from ..evaluation.moice import PER_HEAD_MOICE, UNTRAINED_MOICE, MoICE, ReferenceTraining, RouterTraining, load_or_train
 from ..evaluation.position_gate import method_differences, verdict_word
 from ..evaluation.tasks import EvalSettings, TaskConfig
 from ..store import splits
 from ..store.models import dtype_name, load_model, load_tokenizer, model_identity, model_key, resolve_dtype
 from ..store.results import output_dir, read_scales, save_scales, write_csv
-from .benchmarks import METHODS, ms_poe_parts
+from .benchmarks import METHODS, ms_poe_parts, unchanged
 from .position_map import RELATIVE_POSITIONS, at_positions, load_records, positional_rows, record_cell
 from .profiles import PROFILES, SPACES, Training, profile as named_profile
 from .search import SearchRun, bezier_space, per_layer_space, run_search, search_fitness
@@ -79,10 +78,9 @@ SHORT_WORDS = 10
 SHORT = f"correct_first{SHORT_WORDS}"
 # Ms-PoE beside its two parts alone (issue #100's diagnostic: is its loss the ratio range or the heads?)
 MS_POE_PARTS = {label: part for label, part in ms_poe_parts().items() if label != "Ms-PoE"}
-# MoICE as published (its reference router on general text), the router this workbook trained before it was
-# held against its authors' code, and the untrained (uniform) mixture: the router's part apart from the mixture's
-PER_HEAD_MOICE = "MoICE (per-head router, task-trained)"
-UNTRAINED_MOICE = "MoICE (untrained)"
+# MoICE as published (its reference router on general text) and the router this workbook trained before it was
+# held against its authors' code (labels: MoICE.label), beside the untrained (uniform) mixture: the router's part
+# apart from the mixture's
 TRAINED_MOICE = ("MoICE", PER_HEAD_MOICE)
 TEST_METHODS = ("LPES", "PI", "Ms-PoE", *MS_POE_PARTS, "Ms-PoE (rank, endpoints grid)", "CALIOPE-Moses", "CALIOPE-Hourglass",
                 "CALIOPE-Decay", "Dynamic NTK", "Attention Buckets", *TRAINED_MOICE, UNTRAINED_MOICE)
@@ -312,21 +310,19 @@ def method_for_test(name: str, chosen: list[float], moice: Mapping[str, MoICE]) 
 
 def refuse_unchanged(model, tokenizer, model_name: str, methods: dict[str, Method | None], records: dict[str, int],
                      items: int | None = None, dataset: str = DATASET) -> None:
-    """Refuse a method that leaves every one of its test prompts as the unmodified model reads it:
-    Dynamic NTK where the longest prompt is inside the window it grows from (transformers' dynamic RoPE
-    keeps the trained base there; MDQA-20's ~3k tokens are inside every window here). Its rows would be
-    the baseline's answers, recomputed for hours and tabled as a method's."""
+    """Refuse a method that leaves every one of its test prompts as the unmodified model reads it
+    (:func:`lpes_nb.studies.benchmarks.unchanged`: Dynamic NTK inside its window; MDQA-20's ~3k tokens are
+    inside every window here). Its rows would be the baseline's answers, recomputed for hours and tabled
+    as a method's."""
     for label, method in methods.items():
         if not isinstance(method, DynamicNTK):
             continue
         samples = at_positions(TaskConfig.from_split(dataset, "test", records[label], num_items=items)).samples()  # as the test's
-        longest = max(len(encode(tokenizer, sample)) for sample in samples)
-        if method.specs(model, longest, None) is None:
-            window = method.original_max_positions or model.config.max_position_embeddings
-            raise ValueError(f"{label} changes nothing on its {records[label]} test records: the longest prompt has {longest} "
-                             f"tokens, inside the {window}-token window it grows from on {model_name}, where it keeps the "
-                             f"trained RoPE base; its rows would be the baseline's. Drop it from the test, or set "
-                             f"original_max_positions below {longest} to emulate a shorter window")
+        why = unchanged(model, tokenizer, samples, {label: method})
+        if why:
+            raise ValueError(f"{label} changes nothing on its {records[label]} test records on {model_name}: {why[label]}; its "
+                             f"rows would be the baseline's. Drop it from the test, or set original_max_positions below "
+                             "the longest prompt to emulate a shorter window")
 
 
 def cells_on_test(model, tokenizer, model_name: str, dtype: str, methods: dict[str, Method | None],
