@@ -38,11 +38,6 @@ from ..core.interventions import Interventions
 from ..core.methods import Method
 from ..core.rope import RopePatch, RopeSpec, find_rope_stack, rescaled_bases
 from ..store.data import general_text
-
-# What a MoICE row is labelled by the router that ran (issue #100): the published one keeps the paper's name;
-# this workbook's per-head router, trained on the task's own records, and the uniform mixture say so.
-PER_HEAD_MOICE = "MoICE (per-head router, task-trained)"
-UNTRAINED_MOICE = "MoICE (untrained)"
 from ..store.results import cache_key, will_compute, write_json
 from ..system import footprint
 from ..system.files import atomic_write
@@ -51,6 +46,10 @@ from .training import answer_batch, backward_answer_nll, backward_lm_nll, frozen
 REFERENCE_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # for base-10000 models
 ATTENTION_NAME = "lpes_moice"
 _STATE = "_lpes_moice"  # attribute set on each attention module while MoICE is active
+# What a MoICE row is labelled by the router that ran (issue #100): the published one keeps the paper's name;
+# this workbook's per-head router, trained on the task's own records, and the uniform mixture say so.
+PER_HEAD_MOICE = "MoICE (per-head router, task-trained)"
+UNTRAINED_MOICE = "MoICE (untrained)"
 
 
 class Router(nn.Module):
