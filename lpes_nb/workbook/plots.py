@@ -263,13 +263,13 @@ def difference_intervals(diffs: pd.DataFrame, title: str):
         same = d["identical"].to_numpy(dtype=bool) if "identical" in d else np.zeros(len(d), dtype=bool)
         a.errorbar(d["difference"][~same], y[~same], xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]])[:, ~same],
                    fmt="o", capsize=3, color="#0072B2")
-        a.plot(d["difference"][same], y[same], "D", color="0.45", label="identical to the reference (no interval)")
-        if same.any():
-            a.legend(loc="lower right", fontsize=7)
-        a.set_yticks(y, d["method"])
+        a.plot(d["difference"][same], y[same], "D", color="0.45")
+        # long labels wrapped: two panels share a column's width in print
+        a.set_yticks(y, [textwrap.fill(m, 24) for m in d["method"]])
         a.invert_yaxis()
+        # said under the axis, not in a legend box that would sit on a row
         a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)\n"
-                     f"grey: ±MDE at 80 % power ≈ {mde:.2f}")
+                     f"grey: ±MDE at 80 % power ≈ {mde:.2f}" + ("\n◆ identical to the reference (no interval)" if same.any() else ""))
     fig.suptitle(title)
     return fig
 
