@@ -250,6 +250,22 @@ def test_a_record_is_appended_once(tmp_path, monkeypatch):
         table.append(2, [{"record": 2}])
 
 
+
+def test_paired_difference_panels_wrap_long_names_and_keep_their_rows_clear():
+    """Two panels share a column's width: a long method name is wrapped (notebook 6's ran off the page),
+    and the identical-row note is said under the axis, not in a legend box over the last row."""
+    plots.use_style()
+    names = ["MoICE (per-head router, task-trained)", "Dynamic NTK", "LPES"]
+    diffs = pd.DataFrame([dict(method=m, reference=r, difference=0.1, ci_low=-0.05, ci_high=0.2, mde_80=0.1, records=30,
+                               identical=(m, r) == ("Dynamic NTK", "baseline")) for r in ("baseline", "PI") for m in names])
+    fig = plots.difference_intervals(diffs, "t")
+    left, right = fig.axes
+    labels = [t.get_text() for t in left.get_yticklabels()]
+    assert labels[0] == "MoICE (per-head router,\ntask-trained)" and all(len(line) <= 24 for t in labels for line in t.split("\n"))
+    assert left.get_legend() is None and "identical to the reference" in left.get_xlabel()
+    assert "identical" not in right.get_xlabel()  # said only where a row is
+    plt.close(fig)
+
 def test_every_committed_figure_is_a_column_wide():
     """Printed at 3.3 or 6.9 inches, a figure's fonts keep the sizes the style gives them (>= 7 pt)."""
     widths = {p.name: Image.open(p).size[0] for p in sorted((results.project_root() / "figures").glob("*.png"))}
