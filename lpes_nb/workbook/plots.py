@@ -247,6 +247,12 @@ def latency_ratios(latency: pd.DataFrame, title: str, highlight: str = "LPES"):
     return fig
 
 
+def _wrapped(labels, width: int = 24) -> list[str]:
+    """Row labels on lines of at most ``width`` characters: beside panels that share a column's width in
+    print, a long method name would take the panels' room or run off the page."""
+    return [textwrap.fill(str(label), width) for label in labels]
+
+
 def difference_intervals(diffs: pd.DataFrame, title: str):
     """Paired Δλ of each method against each reference with its 95 % interval (rows of
     :func:`lpes_nb.evaluation.fitness.paired_differences`), one panel per reference, zero marked; the
@@ -264,8 +270,7 @@ def difference_intervals(diffs: pd.DataFrame, title: str):
         a.errorbar(d["difference"][~same], y[~same], xerr=np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]])[:, ~same],
                    fmt="o", capsize=3, color="#0072B2")
         a.plot(d["difference"][same], y[same], "D", color="0.45")
-        # long labels wrapped: two panels share a column's width in print
-        a.set_yticks(y, [textwrap.fill(m, 24) for m in d["method"]])
+        a.set_yticks(y, _wrapped(d["method"]))
         a.invert_yaxis()
         # said under the axis, not in a legend box that would sit on a row
         a.set_xlabel(f"Δλ-score vs {ref} (paired, {int(d['records'].iloc[0])} records)\n"
@@ -451,7 +456,7 @@ def paired_averages(diffs: pd.DataFrame, title: str):
         ax.axvline(0, color="k", lw=0.8)
         x = factor * d["difference"]
         ax.errorbar(x, y, xerr=np.vstack([x - factor * d["ci_low"], factor * d["ci_high"] - x]), fmt="o", capsize=3, color=COLOURS[0])
-        ax.set_yticks(range(len(pairs)), pairs)
+        ax.set_yticks(range(len(pairs)), _wrapped(pairs))
         low, high = int(d["n"].min()), int(d["n"].max())
         # on its own line: beside the score, three panels' labels ran into each other
         ax.set_xlabel(f"paired Δ {score} ({unit})\nn = {low if low == high else f'{low}–{high}'} records; grey: ±MDE at 80 % power")
