@@ -304,6 +304,26 @@ def test_the_larger_model_plan_scales_the_measured_records_and_the_small_models_
         larger_model_plan(PROFILES["cpu"], {**cost, "seconds": {"smollm2-135m": {}, "x": {}}}, report)
 
 
+def test_the_larger_plan_takes_the_record_cost_of_the_rates_cpu(tmp_path, monkeypatch):
+    """Two CPUs' record costs stored: the plan uses the one measured where the per-prompt rates were, not the last."""
+    from lpes_nb.operations import costs
+    from lpes_nb.operations.throughput import load
+
+    report = load()
+    stored = json.loads((costs.project_root() / "results" / "bench" / "record_cost.json").read_text())
+    here = next(e for e in stored if e["cpu"]["cpu"] == report["cpu"]["cpu"])
+    elsewhere = {**here, "cpu": {**here["cpu"], "cpu": "another CPU"}}
+    (tmp_path / "results" / "bench").mkdir(parents=True)
+    (tmp_path / "results" / "bench" / "record_cost.json").write_text(json.dumps([here, elsewhere]))
+    monkeypatch.setattr(costs, "project_root", lambda: tmp_path)
+    costs.main(["larger-plan"])
+    plan = pd.read_csv(tmp_path / "results" / "costs" / "qwen2.5-coder-1.5b_plan.csv")
+    assert plan.basis.str.contains(report["cpu"]["cpu"], regex=False).all() and not plan.basis.str.contains("another").any()
+    (tmp_path / "results" / "bench" / "record_cost.json").write_text(json.dumps([elsewhere]))
+    with pytest.raises(SystemExit, match="no record cost measured on"):
+        costs.main(["larger-plan"])
+
+
 def test_notebook9_plan_prices_every_record_cell_with_its_controls():
     from lpes_nb.operations.costs import notebook9_plan
 

@@ -325,17 +325,28 @@ def test_the_stored_throughput_reads_as_tables_with_their_bars():
               "gemm_gflops": {"float32": 400.0}, "forward": [{"model": "m", "dtype": "float32", "tokens": 1024, "seconds": 1.0,
                                                               "tokens_per_s": 1024.0, "gflops": 300.0, "percent_of_gemm_peak": 75.0}],
               "sweeps": [{**sweep, "mode": "score"}, {**sweep, "mode": "score", "pieces": 512, "time_ratio": 0.5},
-                         {**sweep, "mode": "generate", "time_ratio": 0.85},
+                         {**sweep, "mode": "generate", "time_ratio": 0.78},
                          {**sweep, "mode": "score", "what": "one fitness evaluation of the search", "time_ratio": 0.76, "rounds": 5,
                           "time_ratio_min_max": [0.7, 0.8]}]}
     t = throughput.tables(report)["comparisons"]
-    assert t["bar"].tolist() == pytest.approx([0.75, 0.75, 0.8, 0.75])  # the fitness call: its token ratio + 0.05
+    assert t["bar"].tolist() == pytest.approx([0.75] * 4)  # every mode: its token ratio + 0.05
     assert t["meets_bar"].tolist() == [True, True, False, False]
     assert t["comparison"].iloc[1] == "MDQA-20 sweep, score mode, shared in 512-token pieces"
     assert t[["ratio_low", "ratio_high"]].iloc[3].tolist() == [0.7, 0.8] and t["rounds"].tolist() == [1, 1, 1, 5]
     text = throughput.conclusion(report)
     assert "CPU A" in text and text.count("**met**") == 2 and text.count("**missed**") == 2 and "75 % of peak" in text
-    fig = plots.throughput(**throughput.tables(report), title="t")
+    # another CPU's file, the sweeps alone, read under its own CPU after this one's
+    other = {"cpu": {**report["cpu"], "cpu": "CPU B", "advertises_amx": True}, "torch_threads": 2,
+             "gemm_gflops": {"float32": 900.0}, "sweeps": [{**sweep, "mode": "generate", "time_ratio": 0.5}]}
+    both = throughput.conclusion(report, others=[other])
+    assert both.startswith(text) and "The same sweeps on **CPU B**" in both and "AMX advertised" in both
+    assert both.removeprefix(text).count("**met**") == 1 and "  - MDQA-20 sweep, generate mode" in both
+    fig = plots.throughput(**throughput.tables(report), title="t", cpu="CPU A",
+                           others={"CPU B": throughput.tables(other)["comparisons"]})
     assert len(fig.axes) == 2
+    legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert legend[:2] == ["time ratio on CPU A", "time ratio on CPU B"]
+    (b,) = [c for c in fig.axes[1].collections if c.get_label() == "time ratio on CPU B"]
+    assert b.get_offsets().tolist() == [[0.5, 2.22]]  # CPU B's generate sweep, just below CPU A's (row 2)
     with pytest.raises(FileNotFoundError, match="lpes throughput"):
         throughput.load(throughput.STORED.with_name("absent.json"))

@@ -166,6 +166,17 @@ def test_a_generated_block_follows_its_source(tmp_path):
         pages.render("<!-- generated: nonsense -->\n<!-- /generated -->", tmp_path)
 
 
+def test_the_sweeps_block_shows_every_cpu_measured(tmp_path):
+    """The shared-prefix sweeps of another CPU (``throughput-<cpu>.json``) follow the main file's, under their CPU."""
+    (tmp_path / "bench").mkdir()
+    main = json.loads((ROOT / "results" / "bench" / "throughput.json").read_text())
+    (tmp_path / "bench" / "throughput.json").write_text(json.dumps(main))
+    other = {"cpu": {**main["cpu"], "cpu": "CPU B"}, "torch_threads": 2, "sweeps": [{**main["sweeps"][0], "shared_s": 123.4}]}
+    (tmp_path / "bench" / "throughput-cpu-b.json").write_text(json.dumps(other))
+    text = pages.render("<!-- generated: throughput sweeps (x) -->\n<!-- /generated -->\n", tmp_path)
+    assert text.index(f"{main['cpu']['cpu']}, 2 threads") < text.index("CPU B, 2 threads") < text.index("| 123.4 |")
+
+
 def test_no_measured_number_is_typed_into_a_notebook():
     """Conclusions print their numbers from the stored tables: no notebook's Markdown holds a measured
     decimal or percentage (settings go in code spans), so a rerun cannot leave a stale figure."""

@@ -411,8 +411,15 @@ def main(argv: list[str] | None = None) -> None:
         print(pd.read_csv(fit).to_string(index=False))
         return
     if args.command == "larger-plan":
-        cost = json.loads((project_root() / "results" / "bench" / "record_cost.json").read_text())[-1]
-        plan = larger_model_plan(profile("cpu"), cost, load_throughput())
+        report = load_throughput()
+        # the record cost measured on the CPU the per-prompt rates came from, so that both bases name one machine
+        same = [e for e in json.loads((project_root() / "results" / "bench" / "record_cost.json").read_text())
+                if e["cpu"]["cpu"] == report["cpu"]["cpu"]]
+        if not same:
+            raise SystemExit(f"no record cost measured on {report['cpu']['cpu']} (the CPU of results/bench/throughput.json): "
+                             "run `lpes throughput --record-cost` there")
+        cost = same[-1]
+        plan = larger_model_plan(profile("cpu"), cost, report)
         write_csv(project_root() / COSTS_DIR / f"{list(cost['seconds'])[-1]}_plan.csv", plan)
         print(plan.to_string(index=False))
         print(f"total: {plan.cpu_hours.sum():.0f} CPU hours")

@@ -51,7 +51,8 @@ def findings(results: Path, _: str | None) -> str:
 
 
 def throughput(results: Path, part: str | None) -> str:
-    """``lpes throughput``'s file: the GEMM peak and forwards (``forwards``) or the shared-prefix sweeps."""
+    """``lpes throughput``'s file: the GEMM peak and forwards (``forwards``) or the shared-prefix sweeps, then
+    those measured on other CPUs (``throughput-<cpu>.json`` beside it)."""
     d = _json(results, "bench/throughput.json")
     if part == "forwards":
         peak = d["gemm_gflops"]
@@ -65,6 +66,11 @@ def throughput(results: Path, part: str | None) -> str:
                 f"bf16 {peak['bfloat16']:.0f} GFLOP/s. One forward, the last token's logits:\n\n{table}\n\n"
                 f"Where a {model_label(d['profile']['model'])} {d['profile']['dtype']} forward of {d['profile']['tokens']} "
                 f"tokens spends its time (torch.profiler): {ops}.")
+    others = sorted((results / "bench").glob("throughput-*.json"))  # one file per other CPU (throughput.others)
+    return "\n\n".join(_sweeps(report) for report in [d, *(json.loads(f.read_text()) for f in others)])
+
+
+def _sweeps(d: dict) -> str:
     rows = pd.DataFrame(d["sweeps"])
     rows = rows.assign(model=rows.model.map(model_label), pieces=rows.get("pieces", pd.Series(dtype=object)).map(
         lambda p: "one pass" if pd.isna(p) else f"{int(p)}-token pieces"),

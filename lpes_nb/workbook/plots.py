@@ -465,30 +465,43 @@ def paired_averages(diffs: pd.DataFrame, title: str):
     return fig
 
 
-def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str):
-    """This CPU's speed (:func:`lpes_nb.operations.throughput.tables`): left, one forward's share of the GEMM peak
-    of its dtype against the prompt length, per model and dtype; right, each plain-vs-shared
+def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str, cpu: str | None = None,
+               others: dict[str, pd.DataFrame] | None = None):
+    """This CPU's speed (:func:`lpes_nb.operations.throughput.tables`): above, one forward's share of the GEMM
+    peak of its dtype against the prompt length, per model and dtype; below, each plain-vs-shared
     comparison's time ratio (whiskers: its rounds' range) beside the token and FLOP ratios the shared
-    prefixes allow and the bar it must meet."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.4), gridspec_kw={"width_ratios": [1, 1.25]})
+    prefixes allow and the bar it must meet; ``others`` (CPU name → its comparisons) adds the same
+    comparisons' time ratios on other CPUs, just below this CPU's (``cpu``). Stacked, so that the
+    comparisons' long names keep the page's width at a double column."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.9, 6.2), gridspec_kw={"height_ratios": [1, 1.6]})
     for k, ((model, dtype), rows) in enumerate(forward.groupby(["model", "dtype"], sort=False)):
-        left.plot(rows["tokens"], rows["percent_of_gemm_peak"], marker="o", color=COLOURS[k % len(COLOURS)], label=f"{model}, {dtype}")
-    left.set_xlabel("prompt tokens (one forward)")
-    left.set_ylabel("% of the dtype's GEMM peak")
-    left.set_ylim(0, 105)
-    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: inside, it hid the lowest line
+        top.plot(rows["tokens"], rows["percent_of_gemm_peak"], marker="o", color=COLOURS[k % len(COLOURS)], label=f"{model}, {dtype}")
+    top.set_xlabel("prompt tokens (one forward)")
+    top.set_ylabel("% of the dtype's\nGEMM peak")
+    top.set_ylim(0, 105)
+    top.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside: inside, it hid the lowest line
     y = np.arange(len(comparisons))
     ratio = comparisons["time_ratio"].to_numpy()
-    right.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",
-                   capsize=3, color=COLOURS[0], label="time ratio (shared ÷ plain)")
-    right.scatter(comparisons["token_ratio"], y, marker="x", color=COLOURS[1], label="token ratio", zorder=3)
-    right.scatter(comparisons["flop_ratio"], y, marker="+", s=60, color=COLOURS[2], label="FLOP ratio", zorder=3)
-    right.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet", zorder=3)
-    right.set_yticks(y, [f"{r.comparison}\n{r.model}, {r.dtype}" for r in comparisons.itertuples()])
-    right.invert_yaxis()
-    right.set_xlim(0, 1.05)
-    right.axvline(1, color="0.6", lw=0.8)
-    right.set_xlabel("shared ÷ plain (lower is faster)")
-    right.legend(loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=2)
+    bottom.errorbar(ratio, y, xerr=np.vstack([ratio - comparisons["ratio_low"], comparisons["ratio_high"] - ratio]), fmt="o",
+                    capsize=3, color=COLOURS[0], label=f"time ratio on {cpu}" if cpu else "time ratio (shared ÷ plain)")
+    keys = ["comparison", "model", "dtype"]
+    row_of = {tuple(r): i for i, r in enumerate(comparisons[keys].itertuples(index=False))}
+    for k, (other, table) in enumerate((others or {}).items()):
+        at = table[keys].apply(lambda r: row_of.get(tuple(r)), axis=1)  # a comparison this CPU lacks is not drawn
+        shown = table[at.notna()]
+        bottom.scatter(shown["time_ratio"], at.dropna().to_numpy() + 0.22 * (k + 1), marker="s^D"[k % 3],
+                       facecolors="none", edgecolors=COLOURS[(3 + k) % len(COLOURS)], label=f"time ratio on {other}", zorder=3)
+    bottom.scatter(comparisons["token_ratio"], y, marker="x", color=COLOURS[1], label="token ratio", zorder=3)
+    bottom.scatter(comparisons["flop_ratio"], y, marker="+", s=60, color=COLOURS[2], label="FLOP ratio", zorder=3)
+    bottom.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet (token ratio + 0.05)", zorder=3)
+    bottom.set_yticks(y, [f"{r.comparison}\n{r.model}, {r.dtype}" for r in comparisons.itertuples()])
+    bottom.invert_yaxis()
+    bottom.set_xlim(0, 1.05)
+    bottom.axvline(1, color="0.6", lw=0.8)
+    bottom.set_xlabel("shared ÷ plain (lower is faster)")
+    handles, labels = bottom.get_legend_handles_labels()
+    # the time ratios first, this CPU's before the others'
+    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith("time ratio"), labels[i] != f"time ratio on {cpu}"))
+    bottom.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper center", bbox_to_anchor=(0.3, -0.2), ncol=2)
     fig.suptitle(title)
     return fig
