@@ -493,7 +493,7 @@ def throughput(forward: pd.DataFrame, comparisons: pd.DataFrame, title: str, cpu
                        facecolors="none", edgecolors=COLOURS[(3 + k) % len(COLOURS)], label=f"time ratio on {other}", zorder=3)
     bottom.scatter(comparisons["token_ratio"], y, marker="x", color=COLOURS[1], label="token ratio", zorder=3)
     bottom.scatter(comparisons["flop_ratio"], y, marker="+", s=60, color=COLOURS[2], label="FLOP ratio", zorder=3)
-    bottom.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet (token ratio + 0.05)", zorder=3)
+    bottom.scatter(comparisons["bar"], y, marker="|", s=200, color="k", label="bar to meet", zorder=3)
     bottom.set_yticks(y, [f"{r.comparison}\n{r.model}, {r.dtype}" for r in comparisons.itertuples()])
     bottom.invert_yaxis()
     bottom.set_xlim(0, 1.05)
