@@ -120,3 +120,12 @@ def test_a_record_cells_negative_states_its_mde_in_the_unit_printed_beside_it():
     mde = gated[(gated.cell == cell.name) & (gated.value == "correct")].ends_minus_middle_mde.item()
     assert f"MDE {100 * mde:.2f}, first" in text and f"**no deficit at MDE {100 * mde:.2f}**" in text
     assert f"no deficit at MDE {mde:.3f}" not in text
+
+
+def test_a_nats_interval_that_excludes_zero_is_printed_so():
+    """Log-prob differences print to 2 decimals: to 1, a Holm 'higher' from +0.049 read '[+0.0, +0.6]'."""
+    rows = [dict(cell="mdqa-20", value="gold_logprob", method=QWEN_15B, reference=QWEN, position=position, n=199,
+                 dtype="bfloat16", difference=0.346, ci_low=0.049, ci_high=0.644, mde=0.42, p_holm=0.023, verdict="higher")
+            for position in ("average", "ends − middle")]
+    text = model_size.size_conclusion(pd.DataFrame(rows))
+    assert "+0.35 nats [+0.05, +0.64], Holm p 0.023: higher" in text and "[+0.0," not in text

@@ -19,8 +19,9 @@ from .profiles import PositionMap
 FAMILY = (QWEN, QWEN_15B)  # smallest first
 # accuracy as the original evaluation judges it (the whole first line), the length check (MDQA: the first
 # SHORT_WORDS words: a larger model that writes longer first lines gains from length alone), the gold log-prob
-SCORES = {"correct": ("accuracy", 100.0, "points"), SHORT: (f"accuracy, first {SHORT_WORDS} words", 100.0, "points"),
-          "gold_logprob": ("gold log-prob", 1.0, "nats")}
+# name, scale, unit, decimals: nats to 2, as notebook 9's cells print them (to 1, an interval from +0.05 read "+0.0")
+SCORES = {"correct": ("accuracy", 100.0, "points", 1), SHORT: (f"accuracy, first {SHORT_WORDS} words", 100.0, "points", 1),
+          "gold_logprob": ("gold log-prob", 1.0, "nats", 2)}
 
 
 def size_cells(spec: PositionMap, records: dict[str, pd.DataFrame]) -> dict[tuple[str, str, int], dict[str, pd.DataFrame]]:
@@ -70,13 +71,13 @@ def size_conclusion(table: pd.DataFrame) -> str:
     lines = ["- Intervals: 95 %, paired and clustered by record, unadjusted; each verdict from the Holm-adjusted test "
              "(one family per pair and score)."]
     for (cell, value, larger, smaller), rows in table.groupby(["cell", "value", "method", "reference"], sort=False):
-        name, scale, unit = SCORES[value]
+        name, scale, unit, digits = SCORES[value]
         rows = rows.set_index("position")
         n = int(rows["n"].iloc[0])
 
         def said(row) -> str:
-            word = verdict_word(row.difference, row.ci_low, row.ci_high, row.p_holm, row.mde, unit=scale, digits=1, suffix=f" {unit}")
-            return (f"{scale * row.difference:+.1f} {unit} [{scale * row.ci_low:+.1f}, {scale * row.ci_high:+.1f}], "
+            word = verdict_word(row.difference, row.ci_low, row.ci_high, row.p_holm, row.mde, unit=scale, digits=digits, suffix=f" {unit}")
+            return (f"{scale * row.difference:+.{digits}f} {unit} [{scale * row.ci_low:+.{digits}f}, {scale * row.ci_high:+.{digits}f}], "
                     f"Holm p {row.p_holm:.3g}: {word}")  # 3 significant digits: 0.0498 must not print as 0.050
         shape = rows.loc["ends − middle"]
         deficit = ("deeper in the larger model" if shape.verdict.startswith("higher")

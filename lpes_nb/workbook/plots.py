@@ -358,13 +358,13 @@ def record_cell(summary: pd.DataFrame, to_ends: pd.DataFrame, to_ends_logprob: p
     return fig
 
 
-def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame, scores: Mapping[str, tuple[str, float, str]],
+def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame, scores: Mapping[str, tuple[str, float, str, int]],
                 title: str, papers: pd.DataFrame | None = None):
     """Model size on one record cell: (a) accuracy (%) by relative gold position of each model on the
     same records, Wilson 95 % intervals, the papers' curves beside (``papers``: rows of
     ``position_map.paper_curves``); then per score in ``differences`` (rows of
     ``position_gate.size_differences`` with a ``value`` column; ``scores``: value -> (name, scale,
-    unit)) the larger − smaller difference at each position, on the average and on ends − middle, with
+    unit, decimals)) the larger − smaller difference at each position, on the average and on ends − middle, with
     its record-clustered 95 % interval."""
     values = list(dict.fromkeys(differences["value"]))
     fig, axes = plt.subplots(1, 1 + len(values), figsize=(6.9, 3.6), gridspec_kw={"width_ratios": [1.5] + [1] * len(values)})
@@ -384,7 +384,7 @@ def size_curves(summaries: Mapping[str, pd.DataFrame], differences: pd.DataFrame
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=7)  # below: the curves use the height
     for a, value in zip(axes[1:], values):
         d = differences[differences["value"] == value].reset_index(drop=True)
-        name, scale, unit = scores[value]
+        name, scale, unit, _ = scores[value]
         y = np.arange(len(d))
         a.axvline(0, color="k", lw=0.8)
         a.errorbar(scale * d["difference"], y, xerr=scale * np.vstack([d["difference"] - d["ci_low"], d["ci_high"] - d["difference"]]),
