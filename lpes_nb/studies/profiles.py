@@ -491,7 +491,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                                                # background map has reached (~1 min per record on an Intel Xeon with AMX,
                                                # ~2.5 on the AMD EPYC with AVX512-BF16, ~5-9 on one with AVX2 only; the
                                                # model installed on demand, read without it by its recorded fingerprint)
-                                               RecordCell("qwen2.5-coder-1.5b", "bfloat16", items=20, n=301))),
+                                               RecordCell("qwen2.5-coder-1.5b", "bfloat16", items=20, n=325))),
         # where the map shows a deficit of >= 10 points at the middle, closing it moves the λ-score by
         # 0.3 x 0.1 = 0.03; 100 records per position give a paired SE near that (notebook 9 reports the
         # SE it reached). Searches only where the paired gate calls a cell a U (notebook 9 prints which).
